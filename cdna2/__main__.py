@@ -1,0 +1,42 @@
+"""Command line of the core package: ``python -m cdna2 <command> ...``.
+
+Each command group lives in its own module, which exposes ``register(subparsers)``: it adds its sub-commands and
+sets ``func`` on each to a callable taking the parsed arguments and returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that register command groups, in the order `--help` lists them.
+COMMAND_MODULES = (
+    "cdna2.kernels.cli",  # translate, classify
+    "cdna2.patches.cli",  # patch {plan,apply,check,revert}
+    "cdna2.hostdata",  # validate-data
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cdna2", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            # A command group not built yet in this checkout is absent from --help, never a crash.
+            if error.name != module_name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The lab's wheelhouse: real wheels from PyPI, downloaded once and cached, and trees installed from them.
+
+The simulated lab, the tests and the benchmarks all take their AITER, triton and vLLM from here, so a package is
+fetched from the registry once per machine, never once per host or per test. The cache lives in ``$CDNA2_CACHE``
+(default ``~/.cache/cdna2``): ``wheels/`` holds the downloaded files, ``trees/`` the ``pip install --target`` trees.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+# The real packages the project works against (DEVELOPERS.md, "What is real here").
+AITER = "amd-aiter==0.1.7.post2.dev18"
+TRITON_BROKEN = "triton==3.7.0"
+TRITON_PINNED = "triton==3.7.1"
+VLLM_VERSIONS = ("0.23.0", "0.26.0", "0.33.0")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("CDNA2_CACHE") or Path.home() / ".cache" / "cdna2")
+
+
+@contextmanager
+def _locked(name: str):
+    """Serialise downloads and installs between concurrent processes (parallel tests, lab up)."""
+    lock_dir = cache_root() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f"{name}.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
+def _pip(*args: str) -> None:
+    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+
+
+def _dist_name(requirement: str) -> str:
+    return requirement.split("==")[0].replace("-", "_").lower()
+
+
+def wheel(requirement: str, *, with_deps: bool = False) -> Path:
+    """Return the cached wheel for an exact ``name==version`` requirement, downloading it first if needed.
+
+    With ``with_deps`` its dependencies are downloaded into the same directory too (for a lab find-links index).
+    """
+    name, _, version = requirement.partition("==")
+    if not version:
+        raise ValueError(f"wheel requirement {requirement!r} must pin an exact version (name==version)")
+    wheels_dir = cache_root() / "wheels"
+    wheels_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"{_dist_name(name)}-{version}-"
+    with _locked("wheels"):
+        found = sorted(p for p in wheels_dir.glob("*.whl") if p.name.lower().startswith(prefix))
+        deps_marker = wheels_dir / f".deps-{_dist_name(name)}-{version}"
+        if not found or (with_deps and not deps_marker.exists()):
+            print(f"wheelhouse: downloading {requirement}{' with dependencies' if with_deps else ''}", file=sys.stderr)
+            _pip("download", "--only-binary=:all:", "-d", str(wheels_dir), requirement,
+                 *([] if with_deps else ["--no-deps"]))
+            if with_deps:
+                deps_marker.touch()
+            found = sorted(p for p in wheels_dir.glob("*.whl") if p.name.lower().startswith(prefix))
+    if not found:
+        raise RuntimeError(f"pip downloaded no wheel named {prefix}*.whl into {wheels_dir}")
+    return found[-1]
+
+
+def installed_tree(requirement: str) -> Path:
+    """Return a site-packages-like directory holding ``requirement`` installed with ``--no-deps``.
+
+    The tree (with its dist-info and RECORD) is built once and cached; callers must copy it before changing it.
+    """
+    source = wheel(requirement)
+    tree = cache_root() / "trees" / source.name.removesuffix(".whl")
+    with _locked("trees"):
+        if not (tree / ".complete").exists():
+            staging = tree.with_name(tree.name + ".staging")
+            shutil.rmtree(staging, ignore_errors=True)
+            _pip("install", "--no-deps", "--no-compile", "--target", str(staging), str(source))
+            (staging / ".complete").touch()
+            shutil.rmtree(tree, ignore_errors=True)
+            staging.rename(tree)
+    return tree
