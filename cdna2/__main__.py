@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
             # A command group not built yet in this checkout is absent from --help, never a crash.
-            if error.name != module_name:
+            if not (module_name + ".").startswith(error.name + "."):
                 raise
             continue
         module.register(subparsers)

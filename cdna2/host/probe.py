@@ -1,0 +1,334 @@
+"""Host probe: everything the deploy needs to know about one host, read in one SSH round trip.
+
+Runs on the host under the target Python (or under ``python3`` when the target environment is missing, which it
+then reports), standard library only, and prints one JSON object on stdout. It never imports the packages it
+inspects: distributions are read from their metadata, AITER's kernel tree from its RECORD. It never raises on a
+host that is merely unusual: what it cannot read goes to ``errors`` and the field is ``null``.
+
+Usage on the host: ``python3 probe.py '<json options>'``; the deploy sends this file's text inline with ``-c``.
+The options are described by ``ProbeOptions`` below.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+PROBE_FORMAT = 1
+
+# Distributions the deploy reasons about, by their PEP 503 name; the alternatives are other names the same
+# software is installed under (a source build of AITER registers as "aiter").
+DISTRIBUTIONS = {
+    "amd-aiter": ("amd-aiter", "aiter"),
+    "torch": ("torch",),
+    "triton": ("triton",),
+    "vllm": ("vllm",),
+    "rocm-sdk-core": ("rocm-sdk-core", "rocm"),
+}
+
+# Where the KFD driver publishes its GPU nodes; gfx_target_version there is the arch as major*10000+minor*100+step.
+KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
+
+
+# --- digests shared with the controller (cdna2.kernels uses these very functions) ---------------------------------
+
+def record_hash(data: bytes) -> str:
+    """The hash field of a wheel RECORD line for ``data``: ``sha256=<urlsafe base64, no padding>``."""
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def _digest_of_entries(entries: list[tuple[str, str, str]]) -> str:
+    lines = "".join(f"{path},{hash_field},{size}\n" for path, hash_field, size in sorted(entries))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def tree_digest(root: Path) -> str:
+    """Digest of every regular file under ``root``: sha256 over sorted RECORD-style lines relative to ``root``.
+
+    A tree installed from a wheel has the same digest as ``record_tree_digest`` of the wheel's RECORD for that
+    subtree, so a host's kernel tree can be compared with what its RECORD promises without reading the files twice.
+    """
+    entries = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs.sort()
+        for file_name in files:
+            path = Path(directory, file_name)
+            if not path.is_file():
+                continue
+            data = path.read_bytes()
+            entries.append((path.relative_to(root).as_posix(), record_hash(data), str(len(data))))
+    return _digest_of_entries(entries)
+
+
+def record_tree_digest(record_text: str, prefix: str) -> tuple[str, int]:
+    """Digest (as ``tree_digest``) and file count of the RECORD entries under ``prefix`` (ending in ``/``)."""
+    entries = []
+    for line in record_text.splitlines():
+        path, _, rest = line.partition(",")
+        hash_field, _, size = rest.partition(",")
+        if path.startswith(prefix) and hash_field:
+            entries.append((path[len(prefix):], hash_field, size))
+    return _digest_of_entries(entries), len(entries)
+
+
+# --- pieces of the probe ---------------------------------------------------------------------------------------------
+
+def read_os() -> dict:
+    release = {}
+    os_release = Path("/etc/os-release")
+    if os_release.is_file():
+        for line in os_release.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                release[key] = value.strip().strip('"')
+    return {
+        "hostname": socket.gethostname(),
+        "id": release.get("ID"),
+        "version_id": release.get("VERSION_ID"),
+        "pretty_name": release.get("PRETTY_NAME"),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+    }
+
+
+def read_python(target_python: str) -> dict:
+    running = os.path.realpath(sys.executable)
+    is_target = os.path.realpath(target_python) == running or sys.executable == target_python
+    paths = {}
+    if is_target:
+        import sysconfig
+
+        paths = {"purelib": sysconfig.get_paths()["purelib"]}
+    return {
+        "path": sys.executable,
+        "target": target_python,
+        "target_exists": os.access(target_python, os.X_OK),
+        "is_target": is_target,
+        "version": platform.python_version(),
+        "abi": f"cp{sys.version_info.major}{sys.version_info.minor}",
+        "prefix": sys.prefix,
+        "site_packages": paths.get("purelib"),
+    }
+
+
+def read_distributions(errors: list[str]) -> dict:
+    found: dict[str, dict | None] = {}
+    for canonical, candidates in DISTRIBUTIONS.items():
+        found[canonical] = None
+        for candidate in candidates:
+            try:
+                dist = metadata.distribution(candidate)
+            except metadata.PackageNotFoundError:
+                continue
+            except Exception as error:  # a broken dist-info must not hide the rest of the probe
+                errors.append(f"distribution {candidate}: unreadable metadata: {error}")
+                continue
+            found[canonical] = {
+                "name": dist.metadata["Name"],
+                "version": dist.version,
+                "location": str(dist.locate_file("")),
+            }
+            break
+    return found
+
+
+def parse_rocm_version(text: str) -> str | None:
+    """``6.4.3-74`` or ``7.14.0`` -> the dotted release; None when the text holds no version."""
+    match = re.match(r"\s*(\d+\.\d+(?:\.\d+)?)", text)
+    return match.group(1) if match else None
+
+
+def read_rocm(rocm_root: str, distributions: dict) -> dict:
+    version_file = Path(rocm_root, ".info", "version")
+    if version_file.is_file():
+        raw = version_file.read_text(errors="replace").strip()
+        return {"version": parse_rocm_version(raw), "raw": raw, "source": str(version_file)}
+    wheel = distributions.get("rocm-sdk-core")
+    if wheel:
+        return {"version": parse_rocm_version(wheel["version"]), "raw": wheel["version"],
+                "source": f"python wheel {wheel['name']}"}
+    return {"version": None, "raw": None, "source": None}
+
+
+def parse_rocminfo(text: str) -> list[dict]:
+    """GPU agents from ``rocminfo`` output: name (gfx arch), marketing name, compute units, chip id."""
+    agents = []
+    for block in re.split(r"\n\*{5,}\s*\n", text):
+        fields = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() not in fields:
+                fields[key.strip()] = value.strip()
+        if fields.get("Device Type") != "GPU":
+            continue
+        chip = re.search(r"0x([0-9a-fA-F]+)", fields.get("Chip ID", ""))
+        agents.append({
+            "arch": fields.get("Name"),
+            "marketing_name": fields.get("Marketing Name"),
+            "compute_units": int(fields["Compute Unit"]) if fields.get("Compute Unit", "").isdigit() else None,
+            "chip_id": f"0x{chip.group(1).lower()}" if chip else None,
+        })
+    return agents
+
+
+def gfx_name(target_version: int) -> str:
+    """KFD ``gfx_target_version`` (e.g. 90010) -> ``gfx90a``: major, then minor and stepping as hex digits."""
+    major, minor, stepping = target_version // 10000, (target_version // 100) % 100, target_version % 100
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def read_kfd_topology(nodes_dir: str) -> list[dict]:
+    agents = []
+    nodes = Path(nodes_dir)
+    for node in sorted(nodes.iterdir(), key=lambda p: p.name) if nodes.is_dir() else []:
+        properties = node / "properties"
+        if not properties.is_file():
+            continue
+        values = {}
+        for line in properties.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(" ")
+            values[key] = value.strip()
+        target = int(values.get("gfx_target_version", "0") or 0)
+        if target == 0:  # CPU nodes report 0
+            continue
+        simd_count, simd_per_cu = int(values.get("simd_count", 0)), int(values.get("simd_per_cu", 0) or 0)
+        agents.append({
+            "arch": gfx_name(target),
+            "marketing_name": None,
+            "compute_units": simd_count // simd_per_cu if simd_per_cu else None,
+            "chip_id": f"0x{int(values['device_id']):04x}" if values.get("device_id", "").isdigit() else None,
+        })
+    return agents
+
+
+def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str]) -> dict:
+    agents, source = [], None
+    rocminfo = Path(rocm_root, "bin", "rocminfo")
+    if os.access(rocminfo, os.X_OK):
+        try:
+            result = subprocess.run([str(rocminfo)], capture_output=True, text=True, timeout=60)
+            if result.returncode == 0:
+                agents, source = parse_rocminfo(result.stdout), str(rocminfo)
+            else:
+                errors.append(f"{rocminfo} exited {result.returncode}: {result.stderr.strip()[-300:]}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            errors.append(f"{rocminfo}: {error}")
+    if not agents:
+        agents = read_kfd_topology(kfd_topology)
+        source = f"{kfd_topology} gfx_target_version" if agents else source
+    arches = sorted({agent["arch"] for agent in agents if agent["arch"]})
+    return {"agents": agents, "source": source, "arches": arches,
+            "arch": arches[0] if len(arches) == 1 else None}
+
+
+def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
+    """AITER's kernel trees: the gfx942 tree as its RECORD promises it, and the gfx90a tree as it is on disk."""
+    if dist is None:
+        return None
+    try:
+        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
+    except Exception as error:
+        errors.append(f"{dist['name']} RECORD unreadable: {error}")
+        record_text = ""
+    marker = re.search(r"^(.*?/)?hsa/gfx942/", record_text, re.MULTILINE)
+    hsa_rel = f"{marker.group(1) or ''}hsa" if marker else None
+    info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0,
+            "gfx942_on_disk": False, "gfx90a_digest": None, "gfx90a_files": 0}
+    if hsa_rel is None:
+        errors.append(f"{dist['name']} RECORD lists no hsa/gfx942 kernel tree")
+        return info
+    hsa_root = Path(dist["location"], hsa_rel)
+    info["hsa_root"] = str(hsa_root)
+    info["gfx942_record_digest"], info["gfx942_record_files"] = record_tree_digest(record_text, f"{hsa_rel}/gfx942/")
+    info["gfx942_on_disk"] = (hsa_root / "gfx942").is_dir()
+    gfx90a = hsa_root / "gfx90a"
+    if gfx90a.is_dir():
+        info["gfx90a_digest"] = tree_digest(gfx90a)
+        info["gfx90a_files"] = sum(len(files) for _, _, files in os.walk(gfx90a))
+    return info
+
+
+def read_patch_targets(patch_files: dict, distributions: dict, errors: list[str]) -> dict:
+    """For each package's candidate files: RECORD hash, current hash and content (gzip+base64), or null."""
+    targets: dict[str, dict] = {}
+    for package, files in patch_files.items():
+        dist = distributions.get(package)
+        if dist is None:
+            continue
+        record = {}
+        try:
+            for line in (metadata.distribution(dist["name"]).read_text("RECORD") or "").splitlines():
+                path, _, rest = line.partition(",")
+                record[path] = rest.partition(",")[0]
+        except Exception as error:
+            errors.append(f"{dist['name']} RECORD unreadable: {error}")
+        entries = {}
+        for rel in files:
+            path = Path(dist["location"], rel)
+            if not path.is_file():
+                entries[rel] = None
+                continue
+            data = path.read_bytes()
+            entries[rel] = {
+                "record": record.get(rel) or None,
+                "current": record_hash(data),
+                "content": base64.b64encode(gzip.compress(data, mtime=0)).decode("ascii"),
+            }
+        targets[package] = {"location": dist["location"], "files": entries}
+    return targets
+
+
+def read_state(state_dir: str, errors: list[str]) -> dict | None:
+    state_file = Path(state_dir, "state.json")
+    if not state_file.is_file():
+        return None
+    try:
+        return json.loads(state_file.read_text())
+    except (OSError, ValueError) as error:
+        errors.append(f"{state_file}: unreadable tool state: {error}")
+        return None
+
+
+def probe(options: dict) -> dict:
+    """Options: target_python, rocm_root, state_dir, optional kfd_topology and patch_files {package: [paths]}."""
+    errors: list[str] = []
+    python = read_python(options["target_python"])
+    distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
+    if not python["is_target"]:
+        errors.append(f"target Python {options['target_python']} is missing or not executable; "
+                      f"probed with {sys.executable} instead")
+    return {
+        "format": PROBE_FORMAT,
+        "os": read_os(),
+        "python": python,
+        "rocm": read_rocm(options["rocm_root"], distributions),
+        "gpu": read_gpus(options["rocm_root"], options.get("kfd_topology", KFD_TOPOLOGY), errors),
+        "distributions": distributions,
+        "aiter": read_aiter(distributions.get("amd-aiter"), errors),
+        "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, errors),
+        "state": read_state(options["state_dir"], errors),
+        "errors": errors,
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(f"usage: {argv[0]} '<json options>'", file=sys.stderr)
+        return 2
+    print(json.dumps(probe(json.loads(argv[1])), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,170 @@
+"""The patch-set catalog: YAML data under cdna2/data/patchsets, validated against cdna2/schemas/patchset-1.0.json."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_PATCHSET_DIR = PACKAGE_DIR / "data" / "patchsets"
+SCHEMA_PATH = PACKAGE_DIR / "schemas" / "patchset-1.0.json"
+
+
+class PatchDataError(ValueError):
+    """A patch-set file is invalid; the message names the file, the JSON path and the reason."""
+
+
+@dataclass(frozen=True)
+class Site:
+    id: str
+    file: str
+    anchor: str
+    count: int
+    replacement: str
+    marker: str
+    why: str
+    invalidates: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Variant:
+    id: str
+    versions: tuple[str, ...]
+    derived_from: str
+    sites: tuple[Site, ...]
+
+    def files(self) -> list[str]:
+        return sorted({site.file for site in self.sites})
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    name: str
+    package: str
+    role: str
+    summary: str
+    requires: tuple[str, ...]
+    variants: tuple[Variant, ...]
+    source: Path
+
+    @property
+    def optional(self) -> bool:
+        return self.role == "optional"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    sets: tuple[PatchSet, ...]
+
+    def set_names(self) -> list[str]:
+        return [patch_set.name for patch_set in self.sets]
+
+    def optional_sets(self) -> list[str]:
+        return [patch_set.name for patch_set in self.sets if patch_set.optional]
+
+    def by_name(self, name: str) -> PatchSet:
+        for patch_set in self.sets:
+            if patch_set.name == name:
+                return patch_set
+        raise KeyError(f"no patch set named {name!r}; known sets: {', '.join(self.set_names())}")
+
+    def sets_for(self, package: str) -> list[PatchSet]:
+        return [patch_set for patch_set in self.sets if patch_set.package == package]
+
+    def packages(self) -> list[str]:
+        return sorted({patch_set.package for patch_set in self.sets})
+
+    def target_files(self, package: str) -> list[str]:
+        """Every file (relative to site-packages) that any variant of any set of ``package`` reads or edits."""
+        return sorted({file for patch_set in self.sets_for(package) for variant in patch_set.variants
+                       for file in variant.files()})
+
+
+def _json_path(path_parts) -> str:
+    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path_parts)
+
+
+def _validate_schema(document: object, source: Path, validator: jsonschema.Draft202012Validator) -> None:
+    errors = sorted(validator.iter_errors(document), key=lambda error: list(error.absolute_path))
+    if errors:
+        first = errors[0]
+        raise PatchDataError(f"{source}: {_json_path(first.absolute_path)}: {first.message}")
+
+
+def _check_site_text(site: dict, where: str) -> None:
+    """Text rules a schema cannot state; each one keeps "pristine" and "patched" from being confused."""
+    anchor, replacement, marker = site["anchor"], site["replacement"], site["marker"]
+    if replacement in anchor:
+        raise PatchDataError(f"{where}.replacement: is contained in the anchor, so pristine text would read as patched")
+    if marker not in replacement:
+        raise PatchDataError(f"{where}.marker: {marker!r} does not occur in the replacement")
+    if marker in anchor:
+        raise PatchDataError(f"{where}.marker: {marker!r} already occurs in the anchor")
+
+
+def _site(raw: dict) -> Site:
+    return Site(id=raw["id"], file=raw["file"], anchor=raw["anchor"], count=raw["count"],
+                replacement=raw["replacement"], marker=raw["marker"], why=raw["why"],
+                invalidates=tuple(raw.get("invalidates", ())))
+
+
+def _patch_set(document: dict, source: Path) -> PatchSet:
+    variant_ids: set[str] = set()
+    variants = []
+    for v_index, raw_variant in enumerate(document["variants"]):
+        where = f"{source}: $.variants[{v_index}]"
+        if raw_variant["id"] in variant_ids:
+            raise PatchDataError(f"{where}.id: duplicate variant id {raw_variant['id']!r}")
+        variant_ids.add(raw_variant["id"])
+        site_ids: set[str] = set()
+        for s_index, raw_site in enumerate(raw_variant["sites"]):
+            if raw_site["id"] in site_ids:
+                raise PatchDataError(f"{where}.sites[{s_index}].id: duplicate site id {raw_site['id']!r}")
+            site_ids.add(raw_site["id"])
+            _check_site_text(raw_site, f"{where}.sites[{s_index}]")
+        variants.append(Variant(id=raw_variant["id"], versions=tuple(raw_variant["versions"]),
+                                derived_from=raw_variant["derived_from"],
+                                sites=tuple(_site(raw) for raw in raw_variant["sites"])))
+    return PatchSet(name=document["name"], package=document["package"], role=document["role"],
+                    summary=document["summary"], requires=tuple(document.get("requires", ())),
+                    variants=tuple(variants), source=source)
+
+
+def _check_references(sets: list[PatchSet]) -> None:
+    by_name: dict[str, PatchSet] = {}
+    for patch_set in sets:
+        if patch_set.name in by_name:
+            raise PatchDataError(f"{patch_set.source}: $.name: set {patch_set.name!r} is also defined in "
+                                 f"{by_name[patch_set.name].source}")
+        by_name[patch_set.name] = patch_set
+    for patch_set in sets:
+        for index, required in enumerate(patch_set.requires):
+            target = by_name.get(required)
+            if target is None:
+                raise PatchDataError(f"{patch_set.source}: $.requires[{index}]: no set named {required!r} "
+                                     f"(known: {', '.join(sorted(by_name))})")
+            if target.package != patch_set.package:
+                raise PatchDataError(f"{patch_set.source}: $.requires[{index}]: {required!r} patches "
+                                     f"{target.package}, not {patch_set.package}; plans are per package")
+
+
+def load_catalog(directory: Path | None = None) -> Catalog:
+    """Load and validate every ``*.yaml`` patch set in ``directory`` (default: cdna2/data/patchsets)."""
+    directory = DEFAULT_PATCHSET_DIR if directory is None else Path(directory)
+    validator = jsonschema.Draft202012Validator(yaml.safe_load(SCHEMA_PATH.read_text()))
+    sources = sorted(directory.glob("*.yaml"))
+    if not sources:
+        raise PatchDataError(f"{directory}: no *.yaml patch sets found")
+    sets = []
+    for source in sources:
+        try:
+            document = yaml.safe_load(source.read_text(encoding="utf-8"))
+        except yaml.YAMLError as error:
+            raise PatchDataError(f"{source}: $: not valid YAML: {error}") from error
+        _validate_schema(document, source, validator)
+        sets.append(_patch_set(document, source))
+    _check_references(sets)
+    return Catalog(sets=tuple(sets))

@@ -1,0 +1,263 @@
+"""Plan the patch of one package on one host from the text actually installed there. Pure: no I/O.
+
+The deploy's probe supplies each target file's bytes and its RECORD hash; this module decides which variant of each
+selected set matches that text, proves every file it would touch is the package's own (pristine, or pristine plus
+exactly our sites), and returns the new contents with a unified diff. A package is planned all or nothing: one
+mismatching site refuses every set of that package on that host.
+"""
+
+from __future__ import annotations
+
+import base64
+import difflib
+import hashlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from cdna2.patches.catalog import Catalog, PatchSet, Site, Variant
+
+PRISTINE, PATCHED, MISMATCH, ABSENT = "pristine", "patched", "mismatch", "absent"
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_hash(data: bytes) -> str:
+    """The hash field of a wheel RECORD row (PEP 376/427): ``sha256=<urlsafe base64, no padding>``."""
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+@dataclass(frozen=True)
+class SiteState:
+    set_name: str
+    variant: str
+    site: str
+    file: str
+    state: str
+    unpatched_found: int
+    patched_found: int
+    expected: int
+
+    def describe(self) -> str:
+        if self.state == ABSENT:
+            return f"{self.file}: site {self.site}: file is absent"
+        return (f"{self.file}: site {self.site}: expected the anchor {self.expected}x, found {self.unpatched_found} "
+                f"unpatched and {self.patched_found} patched")
+
+    def to_json(self) -> dict:
+        return {"set": self.set_name, "variant": self.variant, "site": self.site, "file": self.file,
+                "state": self.state, "unpatched_found": self.unpatched_found, "patched_found": self.patched_found,
+                "expected": self.expected}
+
+
+@dataclass(frozen=True)
+class FileChange:
+    path: str
+    old_sha256: str
+    new_bytes: bytes
+    new_sha256: str
+    diff: str
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "old_sha256": self.old_sha256, "new_sha256": self.new_sha256,
+                "new_size": len(self.new_bytes), "diff": self.diff}
+
+
+@dataclass
+class PackagePlan:
+    package: str
+    installed_version: str
+    status: str  # "apply" | "patched" | "refused" | "no-set"
+    sets: list[str] = field(default_factory=list)
+    variants: dict[str, str] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    changes: list[FileChange] = field(default_factory=list)
+    jit_invalidations: list[str] = field(default_factory=list)
+    sites: list[SiteState] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"package": self.package, "installed_version": self.installed_version, "status": self.status,
+                "sets": self.sets, "variants": self.variants, "reasons": self.reasons,
+                "changes": [change.to_json() for change in self.changes],
+                "jit_invalidations": self.jit_invalidations, "sites": [site.to_json() for site in self.sites]}
+
+
+class _Refusal(Exception):
+    """Internal: planning of this package stops; the message is one human line for PackagePlan.reasons."""
+
+
+def site_state(text: str | None, site: Site, set_name: str, variant: str) -> SiteState:
+    """Classify one site in one file's text: pristine (anchor found as expected), patched, absent or mismatch."""
+    if text is None:
+        return SiteState(set_name, variant, site.id, site.file, ABSENT, 0, 0, site.count)
+    patched = text.count(site.replacement)
+    # An appending replacement contains its own anchor; those occurrences are not unpatched text.
+    unpatched = text.count(site.anchor) - patched * site.replacement.count(site.anchor)
+    if patched == 0 and unpatched == site.count:
+        state = PRISTINE
+    elif patched == site.count and unpatched == 0:
+        state = PATCHED
+    else:
+        state = MISMATCH
+    return SiteState(set_name, variant, site.id, site.file, state, unpatched, patched, site.count)
+
+
+def _decode(files: Mapping[str, bytes | None], path: str) -> str | None:
+    if path not in files:
+        raise KeyError(f"the probe did not report {path}; pass every path of Catalog.target_files()")
+    data = files[path]
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _Refusal(f"{path}: not UTF-8 text ({error}); cannot match anchors") from error
+
+
+def _selected_sets(catalog: Catalog, package: str, enabled_optional: Collection[str]) -> list[PatchSet]:
+    unknown = sorted(set(enabled_optional) - set(catalog.optional_sets()))
+    if unknown:
+        raise ValueError(f"enabled optional patch sets {unknown} are not optional sets of the catalog; "
+                         f"optional sets: {', '.join(catalog.optional_sets())}")
+    return [patch_set for patch_set in catalog.sets_for(package)
+            if not patch_set.optional or patch_set.name in enabled_optional]
+
+
+def _check_dependencies(selected: list[PatchSet]) -> None:
+    names = {patch_set.name for patch_set in selected}
+    for patch_set in selected:
+        for required in patch_set.requires:
+            if required not in names:
+                raise _Refusal(f"set {patch_set.name} requires set {required}, which is not enabled: enable "
+                               f"{required} in group data or disable {patch_set.name}")
+
+
+def _variant_states(patch_set: PatchSet, variant: Variant, texts: dict[str, str | None]) -> list[SiteState]:
+    return [site_state(texts[site.file], site, patch_set.name, variant.id) for site in variant.sites]
+
+
+def _choose_variant(patch_set: PatchSet, texts: dict[str, str | None], version: str,
+                    package: str) -> tuple[Variant, list[SiteState]]:
+    evaluated = [(variant, _variant_states(patch_set, variant, texts)) for variant in patch_set.variants]
+    matching = [(variant, states) for variant, states in evaluated
+                if all(state.state in (PRISTINE, PATCHED) for state in states)]
+    if len(matching) == 1:
+        return matching[0]
+    if len(matching) > 1:
+        raise _Refusal(f"{package} {version}: set {patch_set.name}: variants "
+                       f"{', '.join(variant.id for variant, _ in matching)} all match; the data is ambiguous")
+    lines = [f"{package} {version}: set {patch_set.name}: no variant matches the installed text"]
+    for variant, states in evaluated:
+        lines.append(f"  variant {variant.id} (written for {', '.join(variant.versions)}):")
+        lines.extend(f"    {state.describe()}" for state in states if state.state not in (PRISTINE, PATCHED))
+    raise _Refusal("\n".join(lines))
+
+
+def _anything_found(patch_sets: list[PatchSet], texts: dict[str, str | None]) -> bool:
+    """True when any site of any variant is present in either form: the text is ours to judge, not foreign."""
+    for patch_set in patch_sets:
+        for variant in patch_set.variants:
+            for state in _variant_states(patch_set, variant, texts):
+                if state.unpatched_found or state.patched_found:
+                    return True
+    return False
+
+
+def _proven_original(path: str, text: str, sites: list[tuple[Site, SiteState]], record: Mapping[str, str]) -> None:
+    """Refuse unless the file with our patched sites undone hashes to its RECORD entry (nothing else was edited)."""
+    expected = record.get(path)
+    if not expected:
+        raise _Refusal(f"{path}: no RECORD hash, so the file cannot be proven pristine; reinstall the package")
+    original = text
+    for site, state in sites:
+        if state.state == PATCHED:
+            original = original.replace(site.replacement, site.anchor)
+    if record_hash(original.encode("utf-8")) != expected:
+        raise _Refusal(f"{path}: edited outside our patch sites (with our sites undone it does not match its RECORD "
+                       f"hash {expected}); refusing to overwrite it: reinstall the package or restore the file")
+
+
+def _patched_text(path: str, text: str, sites: list[tuple[Site, SiteState]]) -> str:
+    new_text = text
+    for site, state in sites:
+        if state.state == PRISTINE:
+            new_text = new_text.replace(site.anchor, site.replacement)
+    for site, state in sites:
+        after = site_state(new_text, site, state.set_name, state.variant)
+        if after.state != PATCHED:
+            raise _Refusal(f"{path}: site {site.id} of set {state.set_name} is not cleanly patched after applying "
+                           f"every site ({after.describe()}); the sites of this file interfere: fix the data")
+    return new_text
+
+
+def _unified_diff(path: str, old: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+
+
+def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: dict[str, str | None],
+                record: Mapping[str, str]) -> tuple[list[FileChange], list[str]]:
+    by_file: dict[str, list[tuple[Site, SiteState]]] = {}
+    for _, variant, states in chosen:
+        for site, state in zip(variant.sites, states):
+            by_file.setdefault(site.file, []).append((site, state))
+    changes, invalidations = [], set()
+    for path in sorted(by_file):
+        text = texts[path]
+        if text is None:  # unreachable: a chosen variant matched every site, so each of its files is present
+            raise _Refusal(f"{path}: absent, yet a variant with a site in it was chosen")
+        _proven_original(path, text, by_file[path], record)
+        new_text = _patched_text(path, text, by_file[path])
+        if new_text != text:
+            old_bytes, new_bytes = text.encode("utf-8"), new_text.encode("utf-8")
+            changes.append(FileChange(path, sha256_hex(old_bytes), new_bytes, sha256_hex(new_bytes),
+                                      _unified_diff(path, text, new_text)))
+            invalidations.update(pattern for site, _ in by_file[path] for pattern in site.invalidates)
+    return changes, sorted(invalidations)
+
+
+def plan_package(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
+                 record: Mapping[str, str], enabled_optional: Collection[str]) -> PackagePlan:
+    """Plan ``package`` on one host: which sets apply, the new file contents, and what the JIT must forget.
+
+    ``files`` maps every path of ``catalog.target_files(package)`` to its bytes (None if absent); ``record`` maps
+    paths to their RECORD hash field. ``enabled_optional`` names the optional sets group data turns on.
+    """
+    plan = PackagePlan(package=package, installed_version=installed_version, status="refused")
+    if not catalog.sets_for(package):
+        plan.status = "no-set"
+        plan.reasons.append(f"{package} {installed_version}: the catalog has no patch set for this package")
+        return plan
+    selected = _selected_sets(catalog, package, enabled_optional)
+    try:
+        _check_dependencies(selected)
+        texts = {path: _decode(files, path) for path in catalog.target_files(package)}
+        chosen, failures = [], []
+        for patch_set in selected:
+            try:
+                variant, states = _choose_variant(patch_set, texts, installed_version, package)
+            except _Refusal as refusal:
+                failures.append(str(refusal))
+                continue
+            chosen.append((patch_set, variant, states))
+            plan.sites.extend(states)
+        if failures:
+            plan.reasons.extend(failures)
+            if not _anything_found(selected, texts):
+                plan.status = "no-set"
+                plan.reasons.insert(0, f"{package} {installed_version}: no site of any patch set is present in "
+                                       f"either form; no set was written for this text")
+            return plan
+        plan.changes, plan.jit_invalidations = _plan_files(chosen, texts, record)
+    except _Refusal as refusal:
+        plan.reasons.append(str(refusal))
+        return plan
+    plan.sets = [patch_set.name for patch_set, _, _ in chosen]
+    plan.variants = {patch_set.name: variant.id for patch_set, variant, _ in chosen}
+    plan.status = "apply" if plan.changes else "patched"
+    for patch_set, variant, _ in chosen:
+        plan.reasons.append(f"{package} {installed_version}: set {patch_set.name} variant {variant.id} matches the "
+                            f"installed text (written for {', '.join(variant.versions)})")
+    return plan

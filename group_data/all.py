@@ -1,0 +1,51 @@
+"""Defaults for every host. Group files, the inventory and --data override them; README.md lists every key.
+
+pyinfra turns each module-level name here into a data key; cdna2/schemas/host-data-1.0.json says which keys
+exist and what their values may be, and the deploy rejects anything else before it touches a host.
+"""
+
+# The interpreter of the Python environment that holds AITER (and vLLM) on the host: the environment provisioned.
+target_python = "/opt/venv/bin/python"
+
+# ROCm installation root on the host. Its .info/version and bin/rocminfo are read by the probe; a host whose ROCm
+# comes only as a Python wheel (rocm-sdk-core) is recognised from that wheel instead.
+rocm_root = "/opt/rocm"
+
+# The tool's own directory on the host: recorded state, backups of patched files, staging areas, the run lock.
+state_dir = "/var/lib/cdna2"
+
+# Install the translated gfx90a kernel tree on gfx90a hosts.
+translate_kernels = True
+
+# Patch AITER's and vLLM's arch gates on gfx90a hosts (the required patch sets).
+apply_patches = True
+
+# Optional patch sets to apply besides the required ones, by name (see cdna2/data/patchsets/).
+optional_patch_sets: list[str] = []
+
+# Install ROCm-matched torch, amd-aiter and vLLM from the wheel matrix, and pin triton last.
+install_wheels = True
+
+# Wheel matrix on the controller; None means the packaged cdna2/data/wheel-matrix.yaml.
+wheel_matrix = None
+
+# A PEP 503 index to take every wheel from instead of the matrix's indexes (an operator's mirror); None: unset.
+wheel_index_url = None
+
+# A find-links directory on the host (or URL): with it pip uses no index at all (air-gapped clusters).
+wheel_find_links = None
+
+# Version pins that override the matrix for these hosts; None keeps the matrix's choice.
+torch_version = None
+aiter_version = None
+vllm_version = None
+triton_version = None
+
+# Install vLLM from the matrix on hosts that do not have it yet.
+install_vllm = False
+
+# Run the on-host smoke tests after provisioning (GPU checks report "skipped" where no gfx90a device exists).
+smoke_tests = True
+
+# On rollback, also reinstall the triton version recorded before the first deploy.
+rollback_restore_triton = False

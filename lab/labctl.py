@@ -1,0 +1,529 @@
+"""Control the simulated MI210 lab: real sshd hosts on loopback, each in its own mount and UTS namespace.
+
+``./lab/up [N]``, ``./lab/down`` and ``./lab/status`` are thin wrappers over ``python -m lab.labctl``. The lab's
+state lives in ``<repo>/.lab/`` (or ``$CDNA2_LAB_DIR``); ``lab.json`` there is the contract with
+``inventory/sim.py`` and the tests (fields documented in lab/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from lab import kinds, venvs, wheelhouse
+
+REPO = Path(__file__).resolve().parent.parent
+LAB_FORMAT = 1
+SSHD = "/usr/sbin/sshd"
+# Paths of a host that are its own (bind-mounted from its directory under .lab/hosts/<name>/), by host path.
+HOST_BINDS = {"/opt/rocm": "rocm", "/opt/venv": "venv", "/var/lib/cdna2": "state", "/tmp": "tmp"}
+START_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 5.0
+SSH_TIMEOUT_S = 10
+
+# Runs inside the host's new namespaces: name it, bind its own directories, become its sshd (same pid, via exec).
+HOST_ENTRY_SCRIPT = """set -eu
+hostname "$1"
+shift
+config="$1"; log="$2"
+shift 2
+while [ "$#" -gt 0 ]; do mount --bind "$1" "$2"; shift 2; done
+exec /usr/sbin/sshd -D -f "$config" -E "$log"
+"""
+
+# What `status` asks each host over SSH: a fixed script, no interpolated values.
+PROBE_SCRIPT = r"""printf 'hostname=%s\n' "$(hostname)"
+printf 'rocm_version=%s\n' "$(cat /opt/rocm/.info/version)"
+printf 'arch=%s\n' "$(/opt/rocm/bin/rocminfo | sed -n 's/^  Name: *\(gfx[0-9a-z]*\).*/\1/p' | head -n 1)"
+/opt/venv/bin/python - <<'PROBE_END'
+import importlib.metadata as metadata
+import sys
+print("python=" + sys.version.split()[0])
+print("python_prefix=" + sys.prefix)
+for name in ("amd-aiter", "triton", "vllm"):
+    try:
+        print(f"package:{name}=" + metadata.version(name))
+    except metadata.PackageNotFoundError:
+        pass
+PROBE_END
+"""
+
+
+def progress(message: str) -> None:
+    print(f"lab: {message}", file=sys.stderr, flush=True)
+
+
+# --- state files --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LabPaths:
+    root: Path
+
+    @classmethod
+    def default(cls) -> LabPaths:
+        return cls(Path(os.environ.get("CDNA2_LAB_DIR") or REPO / ".lab").resolve())
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "lab.json"
+
+    @property
+    def client_key(self) -> Path:
+        return self.root / "ssh" / "id_ed25519"
+
+    @property
+    def authorized_keys(self) -> Path:
+        return self.root / "ssh" / "authorized_keys"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.root / "ssh" / "known_hosts"
+
+    def host_dir(self, name: str) -> Path:
+        return self.root / "hosts" / name
+
+
+def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+    staging = path.with_name(f".{path.name}.staging")
+    staging.write_text(text)
+    staging.chmod(mode)
+    staging.replace(path)
+
+
+def load_lab(paths: LabPaths) -> dict | None:
+    if not paths.state_file.exists():
+        return None
+    lab = json.loads(paths.state_file.read_text())
+    if lab.get("format") != LAB_FORMAT:
+        raise SystemExit(f"{paths.state_file} has format {lab.get('format')!r}, this labctl reads {LAB_FORMAT}; "
+                         f"stop that lab with the labctl that started it, or remove {paths.root} once no host runs")
+    return lab
+
+
+def save_lab(paths: LabPaths, lab: dict) -> None:
+    write_atomically(paths.state_file, json.dumps(lab, indent=2) + "\n")
+
+
+@contextmanager
+def lab_locked(paths: LabPaths) -> Iterator[None]:
+    """Serialise up/down on one lab; the lock lives outside the lab directory because `down` removes that."""
+    lock_dir = wheelhouse.cache_root() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(str(paths.root).encode()).hexdigest()[:12]
+    with open(lock_dir / f"lab-{digest}.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
+# --- processes ----------------------------------------------------------------------------------------------------
+
+def _process_state(pid: int) -> str | None:
+    """The one-letter state from /proc/<pid>/stat, or None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def is_lab_sshd(pid: int, sshd_config: str) -> bool:
+    """True if pid is alive and is the sshd started with this host's config (not a recycled pid)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    return _process_state(pid) not in (None, "Z") and argv[0] == SSHD.encode() and sshd_config.encode() in argv
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    """Processes below pid: a host's SSH sessions and whatever they run."""
+    children = _children_by_parent()
+    found, pending = [], list(children.get(pid, []))
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending.extend(children.get(child, []))
+    return found
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Wait until pid has exited and been reaped; reap it ourselves when it is our child."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            reaped, _ = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                return True
+        except ChildProcessError:
+            # Started by another `./lab/up` process, which has exited: init is its parent and reaps it.
+            if _process_state(pid) is None:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def stop_host(host: dict) -> str:
+    """Stop one host's sshd (by its recorded pid) and its sessions. Returns what happened, for the report."""
+    pid = host["pid"]
+    if not is_lab_sshd(pid, host["sshd_config"]):
+        if _process_state(pid) is None or _process_state(pid) == "Z":
+            wait_gone(pid, STOP_TIMEOUT_S)
+            return "not running"
+        return f"pid {pid} is no longer this host's sshd; left alone"
+    sessions = descendants(pid)
+    _signal(pid, signal.SIGTERM)  # first the listener, so no new session starts
+    for session in sessions:
+        _signal(session, signal.SIGTERM)
+    for target in (pid, *sessions):
+        if not wait_gone(target, STOP_TIMEOUT_S):
+            _signal(target, signal.SIGKILL)
+            if not wait_gone(target, STOP_TIMEOUT_S):
+                raise RuntimeError(f"{host['name']}: pid {target} survived SIGKILL")
+    return f"stopped pid {pid}" + (f" and {len(sessions)} session process(es)" if sessions else "")
+
+
+# --- building a host ----------------------------------------------------------------------------------------------
+
+def _ssh_keygen(path: Path, comment: str) -> None:
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
+
+
+def ensure_client_key(paths: LabPaths) -> None:
+    _ssh_keygen(paths.client_key, "cdna2-lab-client")
+    public_key = paths.client_key.with_suffix(".pub").read_text()
+    write_atomically(paths.authorized_keys, public_key, 0o600)
+
+
+def ensure_controller_paths() -> None:
+    """sshd's privilege-separation directory, and mount points for the hosts' binds (never removed: lab-notes)."""
+    Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
+    for mount_point in HOST_BINDS:
+        Path(mount_point).mkdir(parents=True, exist_ok=True)
+
+
+def _host_key(paths: LabPaths, name: str) -> Path:
+    return paths.host_dir(name) / "ssh_host_ed25519_key"
+
+
+def sshd_config_text(paths: LabPaths, planned: kinds.PlannedHost) -> str:
+    return "\n".join([
+        f"# sshd of simulated lab host {planned.name} (written by lab/labctl.py)",
+        f"ListenAddress {planned.address}:{kinds.PORT}",
+        f"HostKey {_host_key(paths, planned.name)}",
+        f"AuthorizedKeysFile {paths.authorized_keys}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",  # the key files live under .lab/, not in a home directory sshd would check
+        "PidFile none",  # with -D the pid the lab records is sshd's own
+        "Subsystem sftp internal-sftp",  # pyinfra uploads files over SFTP
+        "",
+    ])
+
+
+def _write_rocm_stand_in(rocm_dir: Path, kind: kinds.Kind) -> None:
+    (rocm_dir / ".info").mkdir(parents=True, exist_ok=True)
+    (rocm_dir / "bin").mkdir(parents=True, exist_ok=True)
+    write_atomically(rocm_dir / ".info" / "version", kinds.rocm_version_file(kind))
+    write_atomically(rocm_dir / "STAND-IN", kinds.STAND_IN_NOTE + "\n")
+    write_atomically(rocm_dir / "bin" / "rocminfo", kinds.rocminfo_script(kind), 0o755)
+
+
+def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost) -> None:
+    """Create what a host needs that is missing; a restarted host keeps its venv, state and /tmp."""
+    host_dir = paths.host_dir(planned.name)
+    host_dir.mkdir(parents=True, exist_ok=True)
+    _ssh_keygen(_host_key(paths, planned.name), f"cdna2-lab-host-{planned.name}")
+    rocm_dir = host_dir / "rocm"
+    if not (rocm_dir / ".info" / "version").exists():
+        _write_rocm_stand_in(rocm_dir, planned.kind)
+    (host_dir / "state").mkdir(exist_ok=True)
+    (host_dir / "tmp").mkdir(exist_ok=True)
+    (host_dir / "tmp").chmod(0o1777)
+    venvs.provision_host_venv(planned.kind, host_dir / "venv", progress)
+    write_atomically(host_dir / "sshd_config", sshd_config_text(paths, planned))
+
+
+def _wait_listening(process: subprocess.Popen, planned: kinds.PlannedHost, host_dir: Path) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            logs = "".join(f"\n--- {log.name}:\n{log.read_text()[-2000:]}"
+                           for log in (host_dir / "start.log", host_dir / "sshd.log") if log.exists())
+            raise RuntimeError(f"{planned.name}: sshd exited with {process.returncode} while starting on "
+                               f"{planned.address}:{kinds.PORT} (is the address taken?){logs}")
+        try:
+            with socket.create_connection((planned.address, kinds.PORT), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{planned.name}: sshd (pid {process.pid}) not listening on {planned.address}:{kinds.PORT} "
+                       f"after {START_TIMEOUT_S:.0f} s; see {host_dir / 'sshd.log'}")
+
+
+def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
+    host_dir = paths.host_dir(planned.name)
+    binds = [arg for mount_point, sub_dir in HOST_BINDS.items() for arg in (str(host_dir / sub_dir), mount_point)]
+    argv = ["unshare", "-m", "-u", "--propagation", "private", "--", "sh", "-c", HOST_ENTRY_SCRIPT, "sh",
+            planned.name, str(host_dir / "sshd_config"), str(host_dir / "sshd.log"), *binds]
+    with open(host_dir / "start.log", "w") as start_log:
+        # A session of its own, so the host outlives `./lab/up` and whatever shell started it.
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=start_log, stderr=start_log,
+                                   start_new_session=True)
+    _wait_listening(process, planned, host_dir)
+    return {
+        "name": planned.name,
+        "index": planned.index,
+        "kind": planned.kind.key,
+        "group": planned.kind.group,
+        "address": planned.address,
+        "port": kinds.PORT,
+        "arch": planned.kind.gpu.arch,
+        "gpu": planned.kind.gpu.marketing_name,
+        "gpu_count": len(planned.kind.gpu.bdfids),
+        "rocm_version": planned.kind.rocm_version,
+        "python_env": venvs.VENV_MOUNT,
+        "packages": list(planned.kind.packages),
+        "pid": process.pid,
+        "host_dir": str(host_dir),
+        "sshd_config": str(host_dir / "sshd_config"),
+        "sshd_log": str(host_dir / "sshd.log"),
+        "host_key_pub": _host_key(paths, planned.name).with_suffix(".pub").read_text().strip(),
+        "binds": {mount_point: str(host_dir / sub_dir) for mount_point, sub_dir in HOST_BINDS.items()},
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def known_hosts_text(lab: dict) -> str:
+    # paramiko and OpenSSH both look up a non-22 port as "[address]:port".
+    return "".join(f"[{host['address']}]:{host['port']} {host['host_key_pub']}\n" for host in lab["hosts"])
+
+
+# --- commands -----------------------------------------------------------------------------------------------------
+
+def host_alive(host: dict) -> bool:
+    return is_lab_sshd(host["pid"], host["sshd_config"])
+
+
+def _new_lab(paths: LabPaths, subnet: str) -> dict:
+    return {
+        "format": LAB_FORMAT,
+        "lab_dir": str(paths.root),
+        "subnet": subnet,
+        "ssh": {"user": "root", "key": str(paths.client_key), "known_hosts": str(paths.known_hosts)},
+        "hosts": [],
+    }
+
+
+def _record(paths: LabPaths, lab: dict, host: dict) -> None:
+    """Record a started host at once, so its pid is known to `down` even if a later host fails to start."""
+    lab["hosts"] = sorted([h for h in lab["hosts"] if h["name"] != host["name"]] + [host], key=lambda h: h["index"])
+    write_atomically(paths.known_hosts, known_hosts_text(lab))
+    save_lab(paths, lab)
+
+
+def up(paths: LabPaths, count: int, subnet: str | None) -> dict:
+    if os.geteuid() != 0:
+        raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
+    with lab_locked(paths):
+        lab = load_lab(paths)
+        if lab is not None and subnet is not None and lab["subnet"] != subnet:
+            raise SystemExit(f"the lab in {paths.root} uses subnet {lab['subnet']}, not {subnet}; "
+                             f"run ./lab/down first to change it")
+        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET)
+        paths.root.mkdir(parents=True, exist_ok=True)
+        ensure_controller_paths()
+        ensure_client_key(paths)
+        recorded = {host["name"]: host for host in lab["hosts"]}
+        for planned in kinds.plan_hosts(count, lab["subnet"]):
+            host = recorded.get(planned.name)
+            if host is not None and host_alive(host):
+                progress(f"{planned.name}: running (pid {host['pid']}), left alone")
+                continue
+            progress(f"{planned.name}: {'restarting' if host else 'creating'} ({planned.kind.key}, "
+                     f"{planned.address}:{kinds.PORT})")
+            prepare_host_dir(paths, planned)
+            host = start_host(paths, planned)
+            _record(paths, lab, host)
+            progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
+        for extra in lab["hosts"][count:]:
+            progress(f"{extra['name']}: beyond the {count} requested, left as it is (./lab/down stops all)")
+        return lab
+
+
+def down(paths: LabPaths) -> dict:
+    with lab_locked(paths):
+        lab = load_lab(paths)
+        if lab is None:
+            shutil.rmtree(paths.root, ignore_errors=True)  # leftovers of an up that never started a host
+            return {"stopped": [], "removed": str(paths.root)}
+        outcomes = {}
+        for host in lab["hosts"]:
+            outcomes[host["name"]] = {"pid": host["pid"], "result": stop_host(host)}
+            progress(f"{host['name']}: {outcomes[host['name']]['result']}")
+        still_running = [host["name"] for host in lab["hosts"] if host_alive(host)]
+        if still_running:
+            raise SystemExit(f"hosts still running: {', '.join(still_running)}; lab state kept in {paths.root}")
+        shutil.rmtree(paths.root)
+        progress(f"removed {paths.root}")
+        return {"stopped": outcomes, "removed": str(paths.root)}
+
+
+def ssh_argv(lab: dict, host: dict, remote_command: str) -> list[str]:
+    """An ssh command line to a lab host with the lab's key and known_hosts, host-key checking on."""
+    return ["ssh", "-F", "/dev/null", "-i", lab["ssh"]["key"], "-o", "IdentitiesOnly=yes",
+            "-o", f"UserKnownHostsFile={lab['ssh']['known_hosts']}", "-o", "StrictHostKeyChecking=yes",
+            "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}", "-o", "LogLevel=ERROR",
+            "-p", str(host["port"]), f"{lab['ssh']['user']}@{host['address']}", remote_command]
+
+
+def _parse_probe(output: str) -> dict:
+    seen: dict = {"packages": {}}
+    for line in output.splitlines():
+        key, _, value = line.partition("=")
+        if key.startswith("package:"):
+            seen["packages"][key.removeprefix("package:")] = value
+        elif key:
+            seen[key] = value
+    return seen
+
+
+def probe_host(lab: dict, host: dict) -> dict:
+    row = {key: host[key] for key in ("name", "kind", "address", "port", "pid", "arch", "rocm_version")}
+    row["running"] = host_alive(host)
+    if not row["running"]:
+        row["ssh"] = {"ok": False, "error": f"sshd pid {host['pid']} is not running"}
+        return row
+    result = subprocess.run(ssh_argv(lab, host, PROBE_SCRIPT), capture_output=True, text=True,
+                            timeout=SSH_TIMEOUT_S * 3)
+    if result.returncode != 0:
+        row["ssh"] = {"ok": False, "error": (result.stderr.strip() or f"ssh exit {result.returncode}")[-500:]}
+    else:
+        row["ssh"] = {"ok": True, **_parse_probe(result.stdout)}
+    return row
+
+
+def status(paths: LabPaths) -> dict:
+    lab = load_lab(paths)
+    if lab is None:
+        return {"up": False, "lab_dir": str(paths.root), "hosts": []}
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        rows = list(pool.map(lambda host: probe_host(lab, host), lab["hosts"]))
+    return {"up": all(row["running"] and row["ssh"]["ok"] for row in rows), "lab_dir": str(paths.root),
+            "hosts": rows}
+
+
+def _python_env_summary(seen: dict) -> str:
+    packages = ", ".join(f"{name} {version}" for name, version in seen.get("packages", {}).items())
+    return f"{seen.get('python_prefix', '?')} (Python {seen.get('python', '?')}): {packages}"
+
+
+def print_status(report: dict) -> None:
+    if not report["hosts"]:
+        print(f"lab is not up (no {report['lab_dir']}/lab.json); run ./lab/up")
+        return
+    header = ("NAME", "ADDRESS", "PID", "HOSTNAME(ssh)", "ROCM", "ARCH", "PYTHON ENV")
+    rows = []
+    for row in report["hosts"]:
+        seen = row["ssh"]
+        if seen["ok"]:
+            rows.append((row["name"], f"{row['address']}:{row['port']}", str(row["pid"]), seen["hostname"],
+                         seen["rocm_version"], seen["arch"], _python_env_summary(seen)))
+        else:
+            state = "running" if row["running"] else "DEAD"
+            rows.append((row["name"], f"{row['address']}:{row['port']}", f"{row['pid']} ({state})",
+                         f"UNREACHABLE: {seen['error']}", row["rocm_version"], row["arch"], "?"))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    for r in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(r, widths)) + "  " + r[-1])
+
+
+def print_hosts(lab: dict) -> None:
+    for host in lab["hosts"]:
+        print(f"{host['name']:<10} {host['address']}:{host['port']}  pid {host['pid']:<8} {host['kind']:<13} "
+              f"{host['arch']}  ROCm {host['rocm_version']} (stand-in)  {host['python_env']}: "
+              f"{', '.join(host['packages'])}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lab", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    up_parser = commands.add_parser("up", help="start N hosts (default 3); running hosts are left alone")
+    up_parser.add_argument("count", nargs="?", type=int, default=3)
+    up_parser.add_argument("--subnet", help=f"first three octets of the hosts' loopback addresses "
+                                            f"(default {kinds.DEFAULT_SUBNET}; fixed once the lab exists)")
+    up_parser.add_argument("--json", action="store_true", help="print lab.json's content on stdout")
+    down_parser = commands.add_parser("down", help="stop the recorded hosts and remove the lab's state")
+    down_parser.add_argument("--json", action="store_true")
+    status_parser = commands.add_parser("status", help="list the hosts, asking each over SSH who it is")
+    status_parser.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths = LabPaths.default()
+    if args.command == "up":
+        started = time.monotonic()
+        lab = up(paths, args.count, args.subnet)
+        progress(f"up: {len(lab['hosts'])} host(s) in {time.monotonic() - started:.1f} s")
+        if args.json:
+            print(json.dumps(lab, indent=2))
+        else:
+            print_hosts(lab)
+        return 0
+    if args.command == "down":
+        report = down(paths)
+        if args.json:
+            print(json.dumps(report, indent=2))
+        return 0
+    report = status(paths)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_status(report)
+    return 0 if report["up"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Collect what the run decided and did on each host, and write the cluster report when the run ends.
+
+pyinfra has no end-of-run hook and a reporting operation would count as a change on every run, so the report is
+fed by a state callback (operation results, connection errors) and written by an exit handler on the controller.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from pathlib import Path
+
+from pyinfra import logger
+from pyinfra.api.state import BaseStateCallback, State, StateStage
+
+from cdna2.report import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
+
+REPORT_DIR = Path("reports")
+
+
+class RunRecorder(BaseStateCallback):
+    """The one recorder of a pyinfra run; ``RunRecorder.install`` returns it from every host's deploy pass."""
+
+    _current: RunRecorder | None = None
+
+    def __init__(self, state: State, mode: str, inventory_name: str):
+        self.state = state
+        self.report = RunReport(mode=mode, inventory=inventory_name)
+
+    @classmethod
+    def install(cls, state: State, mode: str) -> RunRecorder:
+        # deploy.py runs once per host; only the first pass creates and registers the recorder.
+        if cls._current is None or cls._current.state is not state:
+            inventory_name = " ".join(sys.argv[1:2]) or "inventory"
+            cls._current = cls(state, mode, inventory_name)
+            state.add_callback_handler(cls._current)
+            atexit.register(cls._current.finish)
+        return cls._current
+
+    # pyinfra calls the callbacks as plain functions with the state first; these are bound methods of the
+    # one recorder, so the state argument is the same object as self.state.
+    def host_connect_error(self, state, host, error):  # type: ignore[override]
+        row = self.report.host(host.name)
+        row.connected = False
+        row.errors.append(f"could not connect: {error}")
+
+    def operation_end(self, state, op_hash):  # type: ignore[override]
+        # Deploy operations are named "<step>: <desired state>", which ties each result to its report column.
+        names = ", ".join(state.get_op_meta(op_hash).names)
+        step_name = names.partition(":")[0]
+        for host, operations in state.ops.items():
+            if op_hash not in operations or not operations[op_hash].operation_meta.is_complete():
+                continue
+            meta = operations[op_hash].operation_meta
+            row = self.report.host(host.name)
+            step = row.steps.get(step_name)
+            if meta.did_error():
+                output = "; ".join(line for line in meta.stderr_lines[-5:] if line.strip())
+                row.errors.append(f"{names} failed" + (f": {output}" if output else ""))
+                if step is not None:
+                    step.status = FAILED
+            elif meta.did_change():
+                row.changes.append(names)
+                if step is not None:
+                    step.status = CHANGED
+            elif step is not None and step.status == PLANNED:
+                step.status = UNCHANGED
+
+    def finish(self) -> None:
+        executed = self.state.current_stage >= StateStage.Execute
+        if not executed:
+            self.report.mode = f"{self.report.mode} (dry run: nothing executed)"
+        for host in self.state.failed_hosts:
+            row = self.report.host(host.name)
+            if row.status != FAILED:
+                row.errors.append("failed (see the pyinfra output above)")
+        json_path, markdown_path = self.report.write(REPORT_DIR)
+        print("\n" + self.report.to_markdown(), file=sys.stderr)
+        logger.info(f"--> Report written to {markdown_path} and {json_path}")

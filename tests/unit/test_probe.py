@@ -1,0 +1,163 @@
+"""The host probe, run as the deploy runs it (a fresh interpreter, JSON on stdout) over local fixture directories.
+
+No ROCm and no GPU exist here: the ROCm tree, rocminfo and the KFD topology are fixture stand-ins written below.
+The Python environment is real: fixture distributions are found through their dist-info metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdna2.host import probe
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PROBE_SCRIPT = Path(probe.__file__)
+
+
+def write_distribution(site: Path, name: str, version: str, files: dict[str, bytes]) -> None:
+    """A minimal installed distribution: its files plus dist-info with METADATA and a RECORD that lists them."""
+    dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    record = []
+    for rel, data in files.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        record.append(f"{rel},{probe.record_hash(data)},{len(data)}")
+    record.append(f"{dist_info.name}/RECORD,,")
+    (dist_info / "RECORD").write_text("\n".join(record) + "\n")
+
+
+@pytest.fixture
+def host_root(tmp_path: Path) -> Path:
+    site = tmp_path / "site-packages"
+    write_distribution(site, "amd-aiter", "0.1.7.post2.dev18", {
+        "aiter/__init__.py": b"",
+        "aiter/jit/core.py": b"GFX = 'gfx942'\n",
+        "aiter_meta/hsa/gfx942/pa/pa_a.co": b"\x7fELF-a",
+        "aiter_meta/hsa/gfx942/pa/pa_asm.csv": b"knl_file\npa_a.co\n",
+        "aiter_meta/hsa/gfx950/pa/pa_b.co": b"\x7fELF-b",
+    })
+    write_distribution(site, "triton", "3.7.0", {"triton/__init__.py": b"__version__ = '3.7.0'\n"})
+    rocm = tmp_path / "rocm"
+    (rocm / ".info").mkdir(parents=True)
+    (rocm / ".info" / "version").write_text("6.4.3-113\n")
+    return tmp_path
+
+
+def install_rocminfo(rocm: Path, output_file: Path | None, exit_code: int = 0) -> None:
+    """A stand-in rocminfo that prints a captured listing (there is no ROCm runtime here)."""
+    (rocm / "bin").mkdir(parents=True, exist_ok=True)
+    script = rocm / "bin" / "rocminfo"
+    body = f"cat {shlex.quote(str(output_file))}\n" if output_file else "echo 'hsa api call failure' >&2\n"
+    script.write_text(f"#!/bin/sh\n# test stand-in for ROCm's rocminfo\n{body}exit {exit_code}\n")
+    script.chmod(0o755)
+
+
+def run_probe(root: Path, **overrides) -> dict:
+    options = {"target_python": sys.executable, "rocm_root": str(root / "rocm"), "state_dir": str(root / "state"),
+               "kfd_topology": str(root / "kfd"), **overrides}
+    env = dict(os.environ, PYTHONPATH=str(root / "site-packages"))
+    # Run the file's text with -c, exactly as the HostProbe fact sends it over SSH.
+    result = subprocess.run([sys.executable, "-c", PROBE_SCRIPT.read_text(), json.dumps(options)],
+                            capture_output=True, text=True, env=env, check=True)
+    return json.loads(result.stdout)
+
+
+def test_rocminfo_agents_and_rocm_version(host_root: Path) -> None:
+    install_rocminfo(host_root / "rocm", FIXTURES / "rocminfo-2x-mi210.txt")
+    found = run_probe(host_root)
+    assert found["rocm"] == {"version": "6.4.3", "raw": "6.4.3-113", "source": str(host_root / "rocm/.info/version")}
+    assert found["gpu"]["arch"] == "gfx90a"
+    assert found["gpu"]["agents"] == [
+        {"arch": "gfx90a", "marketing_name": "AMD Instinct MI210", "compute_units": 104, "chip_id": "0x740f"},
+    ] * 2, "the CPU agent must be left out and both GPU agents kept"
+    assert found["gpu"]["source"].endswith("bin/rocminfo")
+
+
+def test_kfd_topology_when_rocminfo_fails(host_root: Path) -> None:
+    install_rocminfo(host_root / "rocm", None, exit_code=1)
+    for node, properties in {"0": "cpu_cores_count 32\ngfx_target_version 0\n",
+                             "1": "simd_count 416\nsimd_per_cu 4\ngfx_target_version 90010\ndevice_id 29711\n"}.items():
+        (host_root / "kfd" / node).mkdir(parents=True)
+        (host_root / "kfd" / node / "properties").write_text(properties)
+    found = run_probe(host_root)
+    assert found["gpu"]["agents"] == [{"arch": "gfx90a", "marketing_name": None, "compute_units": 104,
+                                       "chip_id": "0x740f"}]
+    assert "gfx_target_version" in found["gpu"]["source"]
+    assert any("exited 1" in error for error in found["errors"]), found["errors"]
+
+
+def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) -> None:
+    found = run_probe(host_root)
+    site = host_root / "site-packages"
+    assert found["distributions"]["amd-aiter"] == {"name": "amd-aiter", "version": "0.1.7.post2.dev18",
+                                                   "location": str(site)}
+    assert found["distributions"]["triton"]["version"] == "3.7.0"
+    assert found["distributions"]["torch"] is None and found["distributions"]["vllm"] is None
+    aiter = found["aiter"]
+    assert aiter["hsa_root"] == str(site / "aiter_meta/hsa")
+    assert aiter["gfx942_record_files"] == 2, "only the gfx942 subtree counts, not gfx950"
+    assert aiter["gfx942_record_digest"] == probe.tree_digest(site / "aiter_meta/hsa/gfx942"), \
+        "the RECORD digest must equal the digest of the same tree read from disk"
+    assert aiter["gfx90a_digest"] is None
+
+
+def test_gfx90a_tree_digest_and_tampering(host_root: Path) -> None:
+    gfx90a = host_root / "site-packages/aiter_meta/hsa/gfx90a/pa"
+    gfx90a.mkdir(parents=True)
+    (gfx90a / "pa_a.co").write_bytes(b"translated")
+    first = run_probe(host_root)["aiter"]
+    assert first["gfx90a_files"] == 1 and first["gfx90a_digest"] == probe.tree_digest(gfx90a.parent)
+    (gfx90a / "pa_a.co").write_bytes(b"tampered!!")
+    assert run_probe(host_root)["aiter"]["gfx90a_digest"] != first["gfx90a_digest"]
+
+
+def test_patch_targets_carry_content_and_both_hashes(host_root: Path) -> None:
+    core = host_root / "site-packages/aiter/jit/core.py"
+    core.write_bytes(b"GFX = 'gfx90a'\n")  # edited after install: current hash differs from RECORD
+    found = run_probe(host_root, patch_files={"amd-aiter": ["aiter/jit/core.py", "aiter/missing.py"],
+                                              "vllm": ["vllm/_aiter_ops.py"]})
+    entry = found["patch_targets"]["amd-aiter"]["files"]["aiter/jit/core.py"]
+    assert entry["record"] == probe.record_hash(b"GFX = 'gfx942'\n")
+    assert entry["current"] == probe.record_hash(b"GFX = 'gfx90a'\n")
+    import base64
+    import gzip
+    assert gzip.decompress(base64.b64decode(entry["content"])) == b"GFX = 'gfx90a'\n"
+    assert found["patch_targets"]["amd-aiter"]["files"]["aiter/missing.py"] is None
+    assert "vllm" not in found["patch_targets"], "a package that is not installed has no targets"
+
+
+def test_recorded_state_and_unreadable_state(host_root: Path) -> None:
+    (host_root / "state").mkdir()
+    (host_root / "state/state.json").write_text('{"kernels": {"digest": "abc"}}')
+    assert run_probe(host_root)["state"] == {"kernels": {"digest": "abc"}}
+    (host_root / "state/state.json").write_text("{truncated")
+    found = run_probe(host_root)
+    assert found["state"] is None and any("unreadable tool state" in e for e in found["errors"])
+
+
+def test_missing_target_python_is_reported_not_fatal(host_root: Path) -> None:
+    found = run_probe(host_root, target_python="/nonexistent/bin/python")
+    assert found["python"]["is_target"] is False and found["python"]["target_exists"] is False
+    assert all(value is None for value in found["distributions"].values())
+    assert any("/nonexistent/bin/python is missing" in error for error in found["errors"])
+
+
+def test_rocm_from_python_wheel_when_no_rocm_tree(host_root: Path) -> None:
+    write_distribution(host_root / "site-packages", "rocm-sdk-core", "7.14.0", {"_rocm_sdk_core/__init__.py": b""})
+    found = run_probe(host_root, rocm_root=str(host_root / "no-rocm"))
+    assert found["rocm"] == {"version": "7.14.0", "raw": "7.14.0", "source": "python wheel rocm-sdk-core"}
+
+
+@pytest.mark.parametrize("target, name", [(90010, "gfx90a"), (90402, "gfx942"), (90500, "gfx950"), (90008, "gfx908")])
+def test_gfx_name_from_kfd_target_version(target: int, name: str) -> None:
+    assert probe.gfx_name(target) == name
