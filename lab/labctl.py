@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -144,10 +143,12 @@ def _process_state(pid: int) -> str | None:
 def is_lab_sshd(pid: int, sshd_config: str) -> bool:
     """True if pid is alive and is the sshd started with this host's config (not a recycled pid)."""
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
+        executable = os.readlink(f"/proc/{pid}/exe")
+        # sshd rewrites its title ("sshd: /usr/sbin/sshd -D -f CONFIG ... [listener]"), so match words, not argv[0].
+        title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
         return False
-    return _process_state(pid) not in (None, "Z") and argv[0] == SSHD.encode() and sshd_config.encode() in argv
+    return executable == SSHD and f" -f {sshd_config} " in f" {title} " and _process_state(pid) not in (None, "Z")
 
 
 def _children_by_parent() -> dict[int, list[int]]:
@@ -175,7 +176,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:
-    """Wait until pid has exited and been reaped; reap it ourselves when it is our child."""
+    """Wait until pid has exited, reaping it when it is our child."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -183,8 +184,9 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
             if reaped:
                 return True
         except ChildProcessError:
-            # Started by another `./lab/up` process, which has exited: init is its parent and reaps it.
-            if _process_state(pid) is None:
+            # Started by an earlier `./lab/up` process, long gone: the host was re-parented to init, which reaps
+            # it on its own schedule (seconds, on this machine), so an exited zombie counts as stopped.
+            if _process_state(pid) in (None, "Z"):
                 return True
         time.sleep(0.05)
     return False
@@ -201,8 +203,7 @@ def stop_host(host: dict) -> str:
     """Stop one host's sshd (by its recorded pid) and its sessions. Returns what happened, for the report."""
     pid = host["pid"]
     if not is_lab_sshd(pid, host["sshd_config"]):
-        if _process_state(pid) is None or _process_state(pid) == "Z":
-            wait_gone(pid, STOP_TIMEOUT_S)
+        if _process_state(pid) in (None, "Z"):
             return "not running"
         return f"pid {pid} is no longer this host's sshd; left alone"
     sessions = descendants(pid)
@@ -284,21 +285,26 @@ def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost) -> None:
     write_atomically(host_dir / "sshd_config", sshd_config_text(paths, planned))
 
 
-def _wait_listening(process: subprocess.Popen, planned: kinds.PlannedHost, host_dir: Path) -> None:
+def _log_size(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def _wait_listening(process: subprocess.Popen, planned: kinds.PlannedHost, host_dir: Path, log_offset: int) -> None:
+    """Wait for this sshd's own "Server listening" line (a TCP probe could reach a stray sshd on the address)."""
+    sshd_log = host_dir / "sshd.log"
+    ready_line = f"Server listening on {planned.address} port {kinds.PORT}."
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            logs = "".join(f"\n--- {log.name}:\n{log.read_text()[-2000:]}"
-                           for log in (host_dir / "start.log", host_dir / "sshd.log") if log.exists())
+            logs = "".join(f"\n--- {log}:\n{log.read_text()[-2000:]}"
+                           for log in (host_dir / "start.log", sshd_log) if log.exists())
             raise RuntimeError(f"{planned.name}: sshd exited with {process.returncode} while starting on "
-                               f"{planned.address}:{kinds.PORT} (is the address taken?){logs}")
-        try:
-            with socket.create_connection((planned.address, kinds.PORT), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
+                               f"{planned.address}:{kinds.PORT}{logs}")
+        if sshd_log.exists() and ready_line.encode() in sshd_log.read_bytes()[log_offset:]:
+            return
+        time.sleep(0.05)
     raise RuntimeError(f"{planned.name}: sshd (pid {process.pid}) not listening on {planned.address}:{kinds.PORT} "
-                       f"after {START_TIMEOUT_S:.0f} s; see {host_dir / 'sshd.log'}")
+                       f"after {START_TIMEOUT_S:.0f} s; see {sshd_log}")
 
 
 def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
@@ -306,11 +312,12 @@ def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
     binds = [arg for mount_point, sub_dir in HOST_BINDS.items() for arg in (str(host_dir / sub_dir), mount_point)]
     argv = ["unshare", "-m", "-u", "--propagation", "private", "--", "sh", "-c", HOST_ENTRY_SCRIPT, "sh",
             planned.name, str(host_dir / "sshd_config"), str(host_dir / "sshd.log"), *binds]
+    log_offset = _log_size(host_dir / "sshd.log")  # sshd -E appends: only lines after this are this start's
     with open(host_dir / "start.log", "w") as start_log:
         # A session of its own, so the host outlives `./lab/up` and whatever shell started it.
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=start_log, stderr=start_log,
                                    start_new_session=True)
-    _wait_listening(process, planned, host_dir)
+    _wait_listening(process, planned, host_dir, log_offset)
     return {
         "name": planned.name,
         "index": planned.index,
@@ -362,9 +369,18 @@ def _record(paths: LabPaths, lab: dict, host: dict) -> None:
     save_lab(paths, lab)
 
 
+def check_lab_dir_outside_binds(paths: LabPaths) -> None:
+    """A host must see its own config and log: a lab directory under a bound path (say /tmp) would be hidden."""
+    for mount_point in HOST_BINDS:
+        if paths.root.is_relative_to(mount_point):
+            raise SystemExit(f"lab directory {paths.root} is under {mount_point}, which each host replaces with its "
+                             f"own; set CDNA2_LAB_DIR to a directory outside {', '.join(HOST_BINDS)}")
+
+
 def up(paths: LabPaths, count: int, subnet: str | None) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
+    check_lab_dir_outside_binds(paths)
     with lab_locked(paths):
         lab = load_lab(paths)
         if lab is not None and subnet is not None and lab["subnet"] != subnet:

@@ -8,22 +8,19 @@ fetched from the registry once per machine, never once per host or per test. The
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from cdna2.cache import cache_root
+
 # The real packages the project works against (DEVELOPERS.md, "What is real here").
 AITER = "amd-aiter==0.1.7.post2.dev18"
 TRITON_BROKEN = "triton==3.7.0"
 TRITON_PINNED = "triton==3.7.1"
 VLLM_VERSIONS = ("0.23.0", "0.26.0", "0.33.0")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("CDNA2_CACHE") or Path.home() / ".cache" / "cdna2")
 
 
 @contextmanager

@@ -18,6 +18,25 @@ from cdna2.report import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
 REPORT_DIR = Path("reports")
 
 
+# pyinfra CLI options that take a value, so that the value is not mistaken for the inventory argument.
+OPTIONS_WITH_VALUES = {
+    "--limit", "--exclude", "--data", "--group-data", "--parallel", "--fail-percent", "--ssh-user", "--ssh-port",
+    "--ssh-key", "--ssh-key-password", "--ssh-password", "--sudo-user", "--su-user", "--dzdo-user",
+    "--shell-executable", "--chdir", "--config", "--retry", "--retry-delay",
+}
+
+
+def inventory_argument(arguments: list[str]) -> str:
+    """The INVENTORY argument of a pyinfra command line, for the report's title."""
+    words = iter(arguments)
+    for word in words:
+        if word in OPTIONS_WITH_VALUES:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return "inventory"
+
+
 class RunRecorder(BaseStateCallback):
     """The one recorder of a pyinfra run; ``RunRecorder.install`` returns it from every host's deploy pass."""
 
@@ -31,8 +50,7 @@ class RunRecorder(BaseStateCallback):
     def install(cls, state: State, mode: str) -> RunRecorder:
         # deploy.py runs once per host; only the first pass creates and registers the recorder.
         if cls._current is None or cls._current.state is not state:
-            inventory_name = " ".join(sys.argv[1:2]) or "inventory"
-            cls._current = cls(state, mode, inventory_name)
+            cls._current = cls(state, mode, inventory_argument(sys.argv[1:]))
             state.add_callback_handler(cls._current)
             atexit.register(cls._current.finish)
         return cls._current

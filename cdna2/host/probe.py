@@ -300,8 +300,15 @@ def read_state(state_dir: str, errors: list[str]) -> dict | None:
         return None
 
 
+def read_agent(agent_dir: str | None) -> dict:
+    """Digest of this tool's host-side modules as installed on the host, to decide whether to upload them."""
+    if not agent_dir or not Path(agent_dir).is_dir():
+        return {"digest": None}
+    return {"digest": tree_digest(Path(agent_dir))}
+
+
 def probe(options: dict) -> dict:
-    """Options: target_python, rocm_root, state_dir, optional kfd_topology and patch_files {package: [paths]}."""
+    """Options: target_python, rocm_root, state_dir; optional agent_dir, kfd_topology, patch_files {package: [paths]}."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
@@ -318,6 +325,7 @@ def probe(options: dict) -> dict:
         "aiter": read_aiter(distributions.get("amd-aiter"), errors),
         "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, errors),
         "state": read_state(options["state_dir"], errors),
+        "agent": read_agent(options.get("agent_dir")),
         "errors": errors,
     }
 

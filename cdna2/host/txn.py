@@ -1,0 +1,270 @@
+"""All-or-nothing file transactions for one package on one host. Standard library only: runs on the host.
+
+``apply MANIFEST`` verifies every current file and every staged replacement before touching anything, keeps the
+first (pristine) original of each file in the backup directory, journals the renames, then renames the staged files
+into place. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
+finishes an interrupted transaction from its journal, so a package is never left half-patched.
+
+Backup directory layout: ``state.json`` (package, root, per file the original and patched sha256, the JIT outputs
+to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in flight), ``lock``.
+
+Prints one JSON object on stdout; exit 0 when done, 1 when refused or failed (nothing changed unless it says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+STATE = "state.json"
+JOURNAL = "journal.json"
+ORIGINALS = "originals"
+
+
+class TxnError(Exception):
+    """A refusal or failure; ``path`` names the file at fault when there is one."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path
+
+
+def sha256_file(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rename(source: Path, target: Path) -> None:
+    """The one place a staged file replaces its target (tests fail it to simulate a crash mid-transaction)."""
+    os.replace(source, target)
+
+
+def _write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.cdna2-tmp")
+    with open(staging, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    if mode is not None:
+        os.chmod(staging, mode)
+    os.replace(staging, path)
+    _fsync_dir(path.parent)
+
+
+def _write_json(path: Path, document: dict) -> None:
+    _write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _inside(root: Path, relative: str) -> Path:
+    """Resolve ``relative`` under ``root``; refuse absolute paths and any path that leaves the root."""
+    if os.path.isabs(relative) or ".." in Path(relative).parts:
+        raise TxnError(f"{relative}: must be a relative path inside {root}", relative)
+    return root / relative
+
+
+@contextmanager
+def _locked(backup_dir: Path):
+    backup_dir.mkdir(parents=True, exist_ok=True)
+    with open(backup_dir / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _commit(backup_dir: Path, journal: dict) -> None:
+    """Journal, rename every staged file into place, record the state, drop the journal."""
+    _write_json(backup_dir / JOURNAL, journal)
+    _roll_forward(backup_dir, journal)
+
+
+def _roll_forward(backup_dir: Path, journal: dict) -> None:
+    root = Path(journal["root"])
+    for entry in journal["entries"]:
+        target = _inside(root, entry["path"])
+        if sha256_file(target) == entry["new_sha256"]:
+            continue  # renamed before the interruption
+        staged = Path(entry["staged"])
+        if sha256_file(staged) != entry["new_sha256"]:
+            raise TxnError(f"{target}: neither renamed nor staged ({staged} is missing or changed); cannot finish "
+                           f"the {journal['kind']} of {journal['package']}: restore the package by reinstalling it",
+                           entry["path"])
+        _rename(staged, target)
+    for directory in {_inside(root, entry["path"]).parent for entry in journal["entries"]}:
+        _fsync_dir(directory)
+    _finish(backup_dir, journal)
+
+
+def _finish(backup_dir: Path, journal: dict) -> None:
+    if journal["kind"] == "apply":
+        state = _read_json(backup_dir / STATE)
+        for entry in journal["entries"]:
+            state["files"][entry["path"]]["patched_sha256"] = entry["new_sha256"]
+        _write_json(backup_dir / STATE, state)
+        (backup_dir / JOURNAL).unlink()
+    else:
+        (backup_dir / JOURNAL).unlink()
+        shutil.rmtree(backup_dir / ORIGINALS, ignore_errors=True)
+        (backup_dir / STATE).unlink(missing_ok=True)
+    _fsync_dir(backup_dir)
+
+
+def recover(backup_dir: Path) -> dict:
+    """Finish an interrupted apply or revert recorded in ``backup_dir``; a no-op when no journal is there."""
+    journal = _read_json(backup_dir / JOURNAL)
+    if journal is None:
+        return {"ok": True, "action": "recover", "recovered": None}
+    _roll_forward(backup_dir, journal)
+    return {"ok": True, "action": "recover", "recovered": journal["kind"], "package": journal["package"],
+            "files": [entry["path"] for entry in journal["entries"]]}
+
+
+def _load_state(backup_dir: Path, root: Path, package: str) -> dict:
+    state = _read_json(backup_dir / STATE)
+    if state is None:
+        return {"package": package, "root": str(root), "files": {}, "jit_invalidations": []}
+    if state["package"] != package or Path(state["root"]) != root:
+        raise TxnError(f"{backup_dir} holds backups of {state['package']} under {state['root']}, not {package} under "
+                       f"{root}; use one backup directory per package and root")
+    return state
+
+
+def _verify_manifest(root: Path, changes: list[dict]) -> None:
+    """Every check before anything is written: current hashes, staged hashes, same filesystem."""
+    for change in changes:
+        target = _inside(root, change["path"])
+        current = sha256_file(target)
+        if current != change["expected_sha256"]:
+            raise TxnError(f"{target}: sha256 is {current}, the plan expected {change['expected_sha256']}; the file "
+                           f"changed since it was probed: re-plan", change["path"])
+        staged = Path(change["staged"])
+        if sha256_file(staged) != change["new_sha256"]:
+            raise TxnError(f"{staged}: staged content does not hash to {change['new_sha256']}; upload it again",
+                           change["path"])
+        if os.stat(staged).st_dev != os.stat(target.parent).st_dev:
+            raise TxnError(f"{staged}: not on the filesystem of {target}; stage it next to the target so the rename "
+                           f"is atomic", change["path"])
+
+
+def _back_up_originals(backup_dir: Path, root: Path, state: dict, changes: list[dict]) -> None:
+    """Keep the first original of each file; a later apply never overwrites it (that one is the pristine copy)."""
+    for change in changes:
+        path = change["path"]
+        if path in state["files"]:
+            continue
+        target = _inside(root, path)
+        _write_atomic(_inside(backup_dir / ORIGINALS, path), target.read_bytes(), mode=target.stat().st_mode & 0o7777)
+        state["files"][path] = {"original_sha256": change["expected_sha256"], "patched_sha256": None}
+    _write_json(backup_dir / STATE, state)
+
+
+def apply(manifest: dict) -> dict:
+    """Apply one package's change manifest (see the module docstring and cdna2.patches.cli for its shape)."""
+    root, backup_dir = Path(manifest["root"]), Path(manifest["backup_dir"])
+    with _locked(backup_dir):
+        recover(backup_dir)
+        state = _load_state(backup_dir, root, manifest["package"])
+        changes = manifest["changes"]
+        _verify_manifest(root, changes)
+        _back_up_originals(backup_dir, root, state, changes)
+        state["jit_invalidations"] = sorted(set(state["jit_invalidations"]) | set(manifest.get("jit_invalidations", [])))
+        _write_json(backup_dir / STATE, state)
+        for change in changes:  # the new file keeps the mode of the one it replaces
+            os.chmod(change["staged"], _inside(root, change["path"]).stat().st_mode & 0o7777)
+        _commit(backup_dir, {"kind": "apply", "package": manifest["package"], "root": str(root),
+                             "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
+                                          "new_sha256": c["new_sha256"]} for c in changes]})
+    return {"ok": True, "action": "apply", "package": manifest["package"],
+            "changed": [change["path"] for change in changes], "backup_dir": str(backup_dir)}
+
+
+def revert(backup_dir: Path, root: Path) -> dict:
+    """Restore every original kept in ``backup_dir`` under ``root``, verified, then drop the backups."""
+    if not backup_dir.is_dir():
+        return {"ok": True, "action": "revert", "package": None, "changed": [], "jit_invalidations": [],
+                "note": f"{backup_dir} does not exist: nothing was patched through it"}
+    with _locked(backup_dir):
+        recover(backup_dir)
+        state = _read_json(backup_dir / STATE)
+        if state is None:
+            return {"ok": True, "action": "revert", "package": None, "changed": [], "jit_invalidations": [],
+                    "note": f"{backup_dir} holds no backups: nothing was patched through it"}
+        if Path(state["root"]) != root:
+            raise TxnError(f"{backup_dir} holds backups for {state['root']}, not {root}")
+        entries = []
+        for path, hashes in sorted(state["files"].items()):
+            target = _inside(root, path)
+            current = sha256_file(target)
+            if current == hashes["original_sha256"]:
+                continue
+            if current != hashes["patched_sha256"]:
+                raise TxnError(f"{target}: sha256 {current} is neither the original nor our patched state; it was "
+                               f"edited after patching: refusing to overwrite it (restore it by hand or reinstall)", path)
+            original = _inside(backup_dir / ORIGINALS, path)
+            staged = target.with_name(f".{target.name}.cdna2-revert")
+            shutil.copy2(original, staged)
+            if sha256_file(staged) != hashes["original_sha256"]:
+                raise TxnError(f"{original}: backup does not hash to the recorded original "
+                               f"{hashes['original_sha256']}; the backup is damaged: reinstall the package", path)
+            entries.append({"path": path, "staged": str(staged), "old_sha256": current,
+                            "new_sha256": hashes["original_sha256"]})
+        _commit(backup_dir, {"kind": "revert", "package": state["package"], "root": str(root), "entries": entries})
+    return {"ok": True, "action": "revert", "package": state["package"], "changed": [e["path"] for e in entries],
+            "jit_invalidations": state["jit_invalidations"]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m cdna2.host.txn", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    apply_parser = commands.add_parser("apply", help="apply a change manifest (JSON file)")
+    apply_parser.add_argument("manifest", type=Path)
+    revert_parser = commands.add_parser("revert", help="restore the originals kept in a backup directory")
+    revert_parser.add_argument("--backup-dir", type=Path, required=True)
+    revert_parser.add_argument("--root", type=Path, required=True)
+    recover_parser = commands.add_parser("recover", help="finish an interrupted transaction")
+    recover_parser.add_argument("--backup-dir", type=Path, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "apply":
+            result = apply(json.loads(args.manifest.read_text(encoding="utf-8")))
+        elif args.command == "revert":
+            result = revert(args.backup_dir, args.root)
+        else:
+            result = recover(args.backup_dir)
+    except TxnError as error:
+        result = {"ok": False, "action": args.command, "error": str(error), "file": error.path}
+    print(json.dumps(result, sort_keys=True))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

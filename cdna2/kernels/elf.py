@@ -1,0 +1,98 @@
+"""The few ELF facts of an AMDGPU code object the translator reads and changes, checked before they are trusted."""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+EM_AMDGPU = 224
+E_FLAGS_OFFSET = 0x30
+MACH_MASK = 0xFF
+MACH_GFX942 = 0x4C
+MACH_GFX90A = 0x3F
+MACH_NAMES = {MACH_GFX942: "gfx942", MACH_GFX90A: "gfx90a"}
+# The amdhsa target triple in the code object metadata; only the processor changes, and both names are 6 bytes.
+TARGET_GFX942 = b"amdgcn-amd-amdhsa--gfx942"
+TARGET_GFX90A = b"amdgcn-amd-amdhsa--gfx90a"
+
+_ELF_HEADER_SIZE = 64
+_SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
+
+
+class ElfError(ValueError):
+    """The file is not a well-formed 64-bit little-endian AMDGPU code object."""
+
+
+@dataclass(frozen=True)
+class CodeObject:
+    e_flags: int
+    text_offset: int  # file offset of .text
+    text_address: int  # virtual address of .text
+    text_size: int
+
+    @property
+    def mach(self) -> int:
+        return self.e_flags & MACH_MASK
+
+    @property
+    def mach_name(self) -> str:
+        return MACH_NAMES.get(self.mach, f"mach {self.mach:#x}")
+
+
+def read_code_object(data: bytes) -> CodeObject:
+    """Parse the header and locate .text, refusing anything truncated or out of bounds."""
+    if len(data) < _ELF_HEADER_SIZE or data[:4] != b"\x7fELF":
+        raise ElfError(f"not an ELF file or truncated header ({len(data)} bytes)")
+    if data[4] != 2 or data[5] != 1:
+        raise ElfError("not a 64-bit little-endian ELF")
+    (e_machine,) = struct.unpack_from("<H", data, 0x12)
+    if e_machine != EM_AMDGPU:
+        raise ElfError(f"e_machine is {e_machine}, not EM_AMDGPU ({EM_AMDGPU})")
+    (e_flags,) = struct.unpack_from("<I", data, E_FLAGS_OFFSET)
+    (section_table,) = struct.unpack_from("<Q", data, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
+    if entry_size != _SECTION_HEADER.size or count == 0 or names_index >= count:
+        raise ElfError(f"bad section header table (entry size {entry_size}, {count} entries)")
+    if section_table + count * entry_size > len(data):
+        raise ElfError(f"truncated: section header table ends at {section_table + count * entry_size:#x}, "
+                       f"file is {len(data):#x} bytes")
+    sections = [_SECTION_HEADER.unpack_from(data, section_table + i * entry_size) for i in range(count)]
+    names_offset, names_size = sections[names_index][4], sections[names_index][5]
+    if names_offset + names_size > len(data):
+        raise ElfError("truncated: section name table lies past the end of the file")
+    texts = [s for s in sections if _name(data, names_offset, names_size, s[0]) == b".text"]
+    if len(texts) != 1:
+        raise ElfError(f"expected one .text section, found {len(texts)}")
+    _, _, _, address, offset, size, *_ = texts[0]
+    if offset + size > len(data):
+        raise ElfError(f"truncated: .text ends at {offset + size:#x}, file is {len(data):#x} bytes")
+    return CodeObject(e_flags=e_flags, text_offset=offset, text_address=address, text_size=size)
+
+
+def _name(data: bytes, table: int, table_size: int, index: int) -> bytes:
+    if index >= table_size:
+        raise ElfError("section name index lies outside the name table")
+    end = data.find(b"\0", table + index, table + table_size)
+    if end < 0:
+        raise ElfError("unterminated section name")
+    return data[table + index:end]
+
+
+def text_of(data: bytes, code_object: CodeObject) -> bytes:
+    return data[code_object.text_offset:code_object.text_offset + code_object.text_size]
+
+
+def retarget_to_gfx90a(data: bytearray, code_object: CodeObject) -> int:
+    """Set the ELF machine to gfx90a (feature bits kept) and rename the metadata target; returns targets renamed.
+
+    The target string is replaced outside .text only, so no instruction byte can be touched by it.
+    """
+    struct.pack_into("<I", data, E_FLAGS_OFFSET, (code_object.e_flags & ~MACH_MASK) | MACH_GFX90A)
+    text_start, text_end = code_object.text_offset, code_object.text_offset + code_object.text_size
+    renamed, start = 0, 0
+    while (found := data.find(TARGET_GFX942, start)) >= 0:
+        if not text_start <= found < text_end:
+            data[found:found + len(TARGET_GFX942)] = TARGET_GFX90A
+            renamed += 1
+        start = found + 1
+    return renamed

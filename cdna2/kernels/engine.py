@@ -1,0 +1,480 @@
+"""Translate an AITER ``hsa/gfx942`` tree into an ``hsa/gfx90a`` tree, or only classify it.
+
+Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
+1. scan: every .co is parsed and its .text cut into instructions (worker processes); distinct byte strings are
+   collected across the tree;
+2. decode: LLVM decodes each distinct instruction for gfx942 (it must consume exactly the bytes given);
+3. judge: each text gets its gfx90a spelling (isa.RENAMES, checked against gfx942 as an alias) and is assembled for
+   gfx90a; an instruction passes when it assembles to an encoding of the original length;
+4. write and prove: each kernel whose every instruction passes is patched in place (old bytes checked first),
+   retargeted to gfx90a, then disassembled by llvm-objdump for gfx90a and compared instruction by instruction with
+   the expected listing; any difference removes the file and reports an error;
+5. manifests are pruned to the written kernels, other files carried over, the post-condition checked, and the
+   staging tree moved into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from array import array
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable
+
+from cdna2.host.probe import tree_digest
+from cdna2.kernels import elf, isa, llvm, manifest
+
+# Bump whenever the bytes written for the same input may change (rename table, patching, manifest rules).
+TRANSLATOR_VERSION = "1"
+REPORT_FORMAT = 1
+MAX_BLOCKERS_LISTED = 20
+MANIFEST_SUBDIRS = ("", "MI300/", "MI308/")  # the fmha dispatcher inserts a product folder at load time
+BRANCH_PREFIXES = ("s_branch", "s_cbranch_", "s_call_b64")  # objdump prints their targets as labels
+LIMITATIONS = (
+    "MFMA wait states are not re-derived: V_MFMA_F32_16X16X16* is 4-pass on gfx942 and 8-pass on gfx90a (7 vs 11 "
+    "required wait states), so translated code can be up to 4 wait states short at MFMA-to-consumer edges. "
+    "Every newly enabled kernel family needs numerical validation on a real MI210.",
+)
+
+Progress = Callable[[str], None]
+
+
+class TranslationError(RuntimeError):
+    """The input cannot be translated (missing SRC, bad manifest, failed post-condition); the message says why."""
+
+
+def _family(relpath: str) -> str:
+    head, sep, _ = relpath.partition("/")
+    return head if sep else "(top-level)"
+
+
+# --- stage 1: scan (runs in worker processes) -----------------------------------------------------------------------
+
+def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[tuple[str, str, object]]]:
+    """Per file: ("ok", array of indices into the batch's table of distinct instructions) or ("error"/"skipped", why)."""
+    table: list[bytes] = []
+    index_of: dict[bytes, int] = {}
+    results = []
+    for relpath in relpaths:
+        data = Path(src_root, relpath).read_bytes()
+        try:
+            code_object = elf.read_code_object(data)
+            if code_object.mach != elf.MACH_GFX942:
+                results.append((relpath, "skipped", f"ELF machine is {code_object.mach_name}, not gfx942"))
+                continue
+            chunks = isa.split_instructions(elf.text_of(data, code_object))
+        except (elf.ElfError, isa.SplitError) as error:
+            results.append((relpath, "error", str(error)))
+            continue
+        ids = array("I")
+        for chunk in set(chunks):
+            index = index_of.get(chunk)
+            if index is None:
+                index = index_of[chunk] = len(table)
+                table.append(chunk)
+            ids.append(index)
+        results.append((relpath, "ok", ids))
+    return table, results
+
+
+# --- stage 4: write and prove (runs in worker processes) ------------------------------------------------------------
+
+_expected: dict[bytes, tuple[str, bytes]] = {}
+
+
+def _init_writer(expected: dict[bytes, tuple[str, bytes]]) -> None:
+    global _expected
+    _expected = expected
+
+
+def _patch(data: bytearray, code_object: elf.CodeObject) -> tuple[int, list[tuple[int, str, bytes]]]:
+    """Re-encode in place; returns the number of patched instructions and the expected gfx90a listing."""
+    offset, patched, listing = code_object.text_offset, 0, []
+    for chunk in isa.split_instructions(elf.text_of(bytes(data), code_object)):
+        text, new = _expected[chunk]
+        if new != chunk:
+            if bytes(data[offset:offset + len(chunk)]) != chunk or len(new) != len(chunk):
+                raise elf.ElfError(f"byte mismatch at file offset {offset:#x}: refusing to patch")
+            data[offset:offset + len(chunk)] = new
+            patched += 1
+        listing.append((code_object.text_address + offset - code_object.text_offset, text, new))
+        offset += len(chunk)
+    return patched, listing
+
+
+def _same_instruction(expected: tuple[int, str, bytes], actual: tuple[int, str, bytes]) -> bool:
+    if expected == actual:
+        return True
+    address, text, encoding = expected
+    # Branch targets: objdump names the label, llvm-mc prints the offset; identical bytes at the same address
+    # and the same mnemonic are the same branch.
+    return (actual[0] == address and actual[2] == encoding and isa.mnemonic(text) == isa.mnemonic(actual[1])
+            and isa.mnemonic(text).startswith(BRANCH_PREFIXES))
+
+
+def _prove(expected: list[tuple[int, str, bytes]], actual: list[tuple[int, str, bytes]]) -> str | None:
+    for index, (want, got) in enumerate(zip(expected, actual)):
+        if not _same_instruction(want, got):
+            return (f"instruction {index} at {want[0]:#x}: expected {want[1]!r} [{want[2].hex()}], "
+                    f"gfx90a disassembly says {got[1]!r} [{got[2].hex()}] at {got[0]:#x}")
+    if len(expected) != len(actual):
+        return f"gfx90a disassembly has {len(actual)} instructions, the gfx942 listing {len(expected)}"
+    return None
+
+
+def _check_target(notes: str) -> str | None:
+    if "gfx90a" not in notes or "gfx942" in notes:
+        return "llvm-readelf does not report gfx90a only (header flags / metadata target)"
+    return None
+
+
+def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str,
+                 relpaths: list[str]) -> list[tuple[str, int, str | None]]:
+    """Write each kernel into staging and prove it; returns (relpath, patched instructions, error or None)."""
+    listings, written, results = {}, [], []
+    for relpath in relpaths:
+        source = Path(src_root, relpath)
+        data = bytearray(source.read_bytes())
+        code_object = elf.read_code_object(bytes(data))
+        try:
+            patched, listing = _patch(data, code_object)
+        except elf.ElfError as error:
+            results.append((relpath, 0, str(error)))
+            continue
+        elf.retarget_to_gfx90a(data, code_object)
+        target = Path(staging_root, relpath)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        os.chmod(target, source.stat().st_mode & 0o777)
+        listings[str(target)] = listing
+        written.append((relpath, target, patched))
+    if not written:
+        return results
+    disassembly = llvm.objdump_listings(tools, [t for _, t, _ in written], "gfx90a")
+    notes = llvm.readelf_notes(tools, [t for _, t, _ in written])
+    for relpath, target, patched in written:
+        error = (_prove(listings[str(target)], disassembly.get(str(target), []))
+                 or _check_target(notes.get(str(target), "")))
+        if error:
+            target.unlink()  # a file that failed its proof is never left in the tree
+        results.append((relpath, patched, error))
+    return results
+
+
+# --- the analysis shared by translate and classify ------------------------------------------------------------------
+
+class Analysis:
+    """Per-kernel verdicts for one source tree."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[str, object]] = {}  # relpath -> ("ok", gids) | ("error"/"skipped", why)
+        self.chunks: list[bytes] = []
+        self.reasons: list[str | None] = []  # per gid: why it blocks, or None
+        self.texts: list[str | None] = []  # per gid: gfx942 text
+        self.expected: dict[bytes, tuple[str, bytes]] = {}  # chunk -> (gfx90a text, gfx90a bytes)
+        self.durations: dict[str, float] = {}
+
+    def blockers(self, relpath: str) -> list[int]:
+        return sorted((g for g in self.files[relpath][1] if self.reasons[g]), key=lambda g: self.texts[g] or "")
+
+
+def _pool(jobs: int, **kwargs) -> ProcessPoolExecutor:
+    # spawn, not fork: the engine also runs inside pyinfra (gevent), where forking a live hub is unsafe.
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), **kwargs)
+
+
+def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, progress: Progress) -> Analysis:
+    analysis = Analysis()
+    started = time.monotonic()
+    progress(f"scanning {len(kernels)} code objects with {jobs} processes")
+    gid_of: dict[bytes, int] = {}
+    with _pool(jobs) as pool:
+        groups = llvm.batches(kernels, jobs * 4, minimum=16)
+        for table, results in pool.map(_scan_batch, [str(src)] * len(groups), groups):
+            local = []
+            for chunk in table:
+                gid = gid_of.get(chunk)
+                if gid is None:
+                    gid = gid_of[chunk] = len(analysis.chunks)
+                    analysis.chunks.append(chunk)
+                local.append(gid)
+            for relpath, kind, payload in results:
+                analysis.files[relpath] = (kind, [local[i] for i in payload] if kind == "ok" else payload)
+    analysis.durations["scan"] = time.monotonic() - started
+
+    started = time.monotonic()
+    progress(f"decoding {len(analysis.chunks)} distinct instructions for gfx942")
+    analysis.texts = llvm.decode(tools, analysis.chunks, "gfx942", jobs)
+    analysis.durations["decode"] = time.monotonic() - started
+
+    started = time.monotonic()
+    _judge(analysis, tools, jobs, progress)
+    analysis.durations["assemble"] = time.monotonic() - started
+    return analysis
+
+
+def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress) -> None:
+    gfx90a_texts = sorted({isa.rename(t) for t in analysis.texts if t is not None})
+    progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a")
+    assembled = dict(zip(gfx90a_texts, llvm.assemble(tools, gfx90a_texts, "gfx90a", jobs)))
+    # A rename is used only where gfx942 itself encodes the gfx90a spelling to the original bytes.
+    renamed = sorted({isa.rename(t) for t in analysis.texts if t is not None and isa.rename(t) != t})
+    aliases = dict(zip(renamed, llvm.assemble(tools, renamed, "gfx942", jobs)))
+    for chunk, text in zip(analysis.chunks, analysis.texts):
+        reason, target = None, None
+        if text is None:
+            reason = "LLVM does not decode these bytes as one gfx942 instruction"
+        else:
+            target = isa.rename(text)
+            encoding, error = assembled[target]
+            if encoding is None:
+                reason = f"not valid gfx90a: {error}"
+            elif target != text and aliases[target][0] != chunk:
+                reason = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
+            elif len(encoding) != len(chunk):
+                reason = f"gfx90a encoding is {len(encoding)} bytes, the original {len(chunk)}"
+            else:
+                analysis.expected[chunk] = (target, encoding)
+        analysis.reasons.append(reason)
+
+
+def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
+    kind, payload = analysis.files[relpath]
+    entry: dict = {"family": _family(relpath)}
+    if kind != "ok":
+        entry.update(status=kind, reason=payload)
+        return entry
+    blockers = analysis.blockers(relpath)
+    if not blockers:
+        entry.update(status="portable")
+        return entry
+    listed = []
+    for gid in blockers[:MAX_BLOCKERS_LISTED]:
+        text = analysis.texts[gid]
+        listed.append({"instruction": text if text is not None else analysis.chunks[gid].hex(),
+                       "bucket": isa.bucket_of(text or ""), "reason": analysis.reasons[gid]})
+    buckets = Counter(isa.bucket_of(analysis.texts[g] or "") for g in blockers)
+    entry.update(status="blocked", blocking_instructions=len(blockers), blockers=listed,
+                 buckets=dict(sorted(buckets.items())))
+    return entry
+
+
+def _family_table(kernels: dict[str, dict]) -> dict[str, dict]:
+    families: dict[str, dict] = {}
+    for relpath, entry in sorted(kernels.items()):
+        row = families.setdefault(entry["family"], {"total": 0, "portable": 0, "blocked": 0, "errors": 0,
+                                                    "skipped": 0, "blocked_by": {}})
+        row["total"] += 1
+        status = entry["status"]
+        if status in ("portable", "written"):
+            row["portable"] += 1
+        elif status == "blocked":
+            row["blocked"] += 1
+            for bucket in entry["buckets"]:
+                row["blocked_by"][bucket] = row["blocked_by"].get(bucket, 0) + 1
+        elif status == "skipped":
+            row["skipped"] += 1
+        else:
+            row["errors"] += 1
+    return dict(sorted(families.items()))
+
+
+def _list_tree(src: Path) -> tuple[list[str], list[str]]:
+    kernels, others = [], []
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            (kernels if path.suffix == ".co" else others).append(path.relative_to(src).as_posix())
+    return kernels, others
+
+
+def _check_source(src: Path) -> None:
+    if not src.is_dir():
+        raise TranslationError(f"{src}: no such directory; SRC must be an AITER hsa/gfx942 tree "
+                               "(e.g. <site-packages>/aiter_meta/hsa/gfx942)")
+
+
+def _counts(kernels: dict[str, dict]) -> dict[str, int]:
+    counts = Counter(entry["status"] for entry in kernels.values())
+    return {"code_objects": len(kernels), **dict(sorted(counts.items()))}
+
+
+def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | None = None) -> dict:
+    """Why each kernel of a gfx942 tree is or is not portable to gfx90a; writes nothing."""
+    started = time.monotonic()
+    progress = progress or (lambda message: None)
+    _check_source(src)
+    tools = llvm.find_llvm()
+    kernel_paths, _ = _list_tree(src)
+    analysis = _analyse(src, kernel_paths, tools, jobs or os.cpu_count() or 1, progress)
+    kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+    return {
+        "format": REPORT_FORMAT, "command": "classify", "translator_version": TRANSLATOR_VERSION,
+        "llvm": {"bin_dir": str(tools.bin_dir), "version": tools.version, "banner": tools.banner},
+        "source": str(src), "distinct_instructions": len(analysis.chunks),
+        "counts": _counts(kernels), "families": _family_table(kernels), "kernels": kernels,
+        "limitations": list(LIMITATIONS),
+        "durations": {**{k: round(v, 3) for k, v in analysis.durations.items()},
+                      "total": round(time.monotonic() - started, 3)},
+    }
+
+
+# --- translate ------------------------------------------------------------------------------------------------------
+
+def _write_kernels(src: Path, staging: Path, analysis: Analysis, portable: list[str], tools: llvm.LlvmTools,
+                   jobs: int, progress: Progress) -> dict[str, tuple[int, str | None]]:
+    progress(f"writing and proving {len(portable)} kernels")
+    results: dict[str, tuple[int, str | None]] = {}
+    if not portable:
+        return results
+    groups = llvm.batches(portable, jobs * 2, minimum=8)
+    with _pool(jobs, initializer=_init_writer, initargs=(analysis.expected,)) as pool:
+        for batch in pool.map(_write_batch, [tools] * len(groups), [str(src)] * len(groups),
+                              [str(staging)] * len(groups), groups):
+            for relpath, patched, error in batch:
+                results[relpath] = (patched, error)
+    return results
+
+
+def _write_manifests(src: Path, staging: Path, others: list[str], source_kernels: set[str],
+                     written: set[str]) -> tuple[dict[str, dict], list[str]]:
+    manifests, carried = {}, []
+    for relpath in others:
+        target = staging / relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if relpath.endswith(".csv"):
+            try:
+                pruned = manifest.prune(relpath, (src / relpath).read_text(encoding="utf-8"), source_kernels, written)
+            except manifest.ManifestError as error:
+                raise TranslationError(f"{src}: {error}") from error
+            if pruned.column is not None:
+                target.write_text(pruned.text, encoding="utf-8")
+                manifests[relpath] = {"column": pruned.column, "kept": pruned.kept, "dropped": pruned.dropped}
+                continue
+        shutil.copyfile(src / relpath, target)
+        os.chmod(target, (src / relpath).stat().st_mode & 0o777)
+        carried.append(relpath)
+    return manifests, carried
+
+
+def _check_postcondition(staging: Path, manifests: dict[str, dict], dst: Path) -> None:
+    dangling = {relpath: rows for relpath in manifests if (rows := manifest.dangling_rows(staging, relpath))}
+    if dangling:
+        detail = "; ".join(f"{path}: {len(rows)} rows, e.g. {rows[0]!r}" for path, rows in sorted(dangling.items()))
+        raise TranslationError(f"post-condition failed for {dst}: manifest rows name missing kernels ({detail}); "
+                               "nothing was installed. This is a translator bug: report it with the source tree")
+
+
+def _cache_key(src_digest: str, tools: llvm.LlvmTools) -> str:
+    return hashlib.sha256(f"{src_digest}\n{TRANSLATOR_VERSION}\n{tools.banner}\n".encode()).hexdigest()
+
+
+def _move_into_place(staging: Path, dst: Path) -> None:
+    """Rename the finished tree onto DST; an existing DST is moved aside first and removed only afterwards."""
+    previous = dst.with_name(f".{dst.name}.previous.{os.getpid()}")
+    if dst.exists():
+        dst.rename(previous)
+    staging.rename(dst)
+    if previous.exists():
+        shutil.rmtree(previous)
+
+
+def _staging_for(dst: Path) -> Path:
+    if not dst.parent.is_dir():
+        raise TranslationError(f"{dst.parent}: no such directory; create the parent of DST first")
+    staging = dst.with_name(f".{dst.name}.staging.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def _from_cache(entry: Path, dst: Path, report_base: dict, progress: Progress) -> dict | None:
+    if not (entry / "report.json").is_file():
+        return None
+    report = json.loads((entry / "report.json").read_text())
+    if tree_digest(entry / "tree") != report["output_digest"]:
+        progress(f"cache entry {entry} does not match its recorded digest; translating again")
+        shutil.rmtree(entry)
+        return None
+    staging = _staging_for(dst)
+    shutil.copytree(entry / "tree", staging)
+    _move_into_place(staging, dst)
+    return {**report, **report_base, "cache": {**report_base["cache"], "status": "hit"}}
+
+
+def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
+    temporary = entry.with_name(f"{entry.name}.tmp.{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    shutil.copytree(staging, temporary / "tree")
+    (temporary / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    shutil.rmtree(entry, ignore_errors=True)
+    temporary.rename(entry)
+
+
+def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: Path | None = None,
+                   progress: Progress | None = None) -> dict:
+    """Build the gfx90a tree DST from the gfx942 tree SRC atomically; returns the JSON-able report."""
+    started = time.monotonic()
+    progress = progress or (lambda message: None)
+    src, dst = Path(src), Path(dst)
+    _check_source(src)
+    jobs = jobs or os.cpu_count() or 1
+    tools = llvm.find_llvm()
+    src_digest = tree_digest(src)
+    key = _cache_key(src_digest, tools)
+    base = {"source": str(src), "destination": str(dst), "source_digest": src_digest,
+            "cache": {"dir": str(cache_dir) if cache_dir else None, "key": key,
+                      "status": "miss" if cache_dir else "disabled"}}
+    if cache_dir is not None:
+        cached = _from_cache(Path(cache_dir) / key, dst, base, progress)
+        if cached is not None:
+            cached["durations"] = {"total": round(time.monotonic() - started, 3)}
+            progress(f"cache hit {key[:12]}: {dst} installed from {cache_dir}")
+            return cached
+
+    kernel_paths, others = _list_tree(src)
+    analysis = _analyse(src, kernel_paths, tools, jobs, progress)
+    kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+    staging = _staging_for(dst)
+    try:
+        written_started = time.monotonic()
+        staging.mkdir()
+        portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
+        for relpath, (patched, error) in _write_kernels(src, staging, analysis, portable, tools, jobs,
+                                                        progress).items():
+            if error:
+                kernels[relpath].update(status="error", reason=f"proof failed: {error}")
+            else:
+                kernels[relpath].update(status="written", patched_instructions=patched)
+        analysis.durations["write_and_prove"] = time.monotonic() - written_started
+
+        manifests_started = time.monotonic()
+        written = {relpath for relpath, entry in kernels.items() if entry["status"] == "written"}
+        manifests, carried = _write_manifests(src, staging, others, set(kernel_paths), written)
+        _check_postcondition(staging, manifests, dst)
+        analysis.durations["manifests"] = time.monotonic() - manifests_started
+
+        report = {
+            "format": REPORT_FORMAT, "command": "translate", "translator_version": TRANSLATOR_VERSION,
+            "llvm": {"bin_dir": str(tools.bin_dir), "version": tools.version, "banner": tools.banner},
+            **base, "output_digest": tree_digest(staging), "distinct_instructions": len(analysis.chunks),
+            "counts": _counts(kernels), "families": _family_table(kernels), "kernels": kernels,
+            "manifests": manifests,
+            "manifest_rows": {"kept": sum(m["kept"] for m in manifests.values()),
+                              "dropped": sum(m["dropped"] for m in manifests.values())},
+            "carried_files": carried, "limitations": list(LIMITATIONS),
+        }
+        if cache_dir is not None:
+            Path(cache_dir).mkdir(parents=True, exist_ok=True)
+            _store_in_cache(Path(cache_dir) / key, staging, report)
+        _move_into_place(staging, dst)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    report["durations"] = {**{k: round(v, 3) for k, v in analysis.durations.items()},
+                           "total": round(time.monotonic() - started, 3)}
+    progress(f"{dst}: {len(written)} kernels written, {report['manifest_rows']['kept']} manifest rows kept")
+    return report

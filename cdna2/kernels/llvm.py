@@ -1,0 +1,186 @@
+"""The LLVM tools the translator drives: discovery, and batched disassembly, assembly and objdump listings.
+
+Every call takes many instructions or files at once (one process per batch, batches run in parallel threads),
+because starting llvm-mc per instruction is what made earlier tools take minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+TRIPLE = "amdgcn-amd-amdhsa"
+REQUIRED_TOOLS = ("llvm-mc", "llvm-objdump", "llvm-readelf")
+REQUIRED_TARGETS = ("gfx942", "gfx90a")
+INSTALL_HINT = ("install an LLVM with the AMDGPU target that knows gfx942 and gfx90a (LLVM >= 17; on Debian/Ubuntu: "
+                "apt-get install llvm-22), or ROCm, or point ROCM_LLVM_BIN at a directory holding "
+                + ", ".join(REQUIRED_TOOLS))
+_ENCODING = re.compile(r"^\t(.*?)\s*; encoding: \[([0-9a-fx,]*)\]", re.M)
+_ASM_ERROR = re.compile(r"^<stdin>:(\d+):\d+: error: (.*)$", re.M)
+
+
+class LlvmNotFoundError(RuntimeError):
+    """No candidate directory holds LLVM tools that know both gfx942 and gfx90a."""
+
+
+class LlvmOutputError(RuntimeError):
+    """An LLVM tool answered in a way the translator cannot map back to its input."""
+
+
+@dataclass(frozen=True)
+class LlvmTools:
+    bin_dir: Path
+    version: str  # e.g. "22.1.8"
+    banner: str  # the version line as the tool prints it; part of the cache key
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name)
+
+
+def candidate_dirs() -> list[Path]:
+    """Where LLVM is looked for, in order: ROCM_LLVM_BIN, /opt/rocm, ROCm's Python wheel, system LLVM (newest first)."""
+    if os.environ.get("ROCM_LLVM_BIN"):
+        return [Path(os.environ["ROCM_LLVM_BIN"])]  # an explicit choice is never second-guessed
+    candidates = [Path("/opt/rocm/llvm/bin")]
+    candidates += [Path(entry, "_rocm_sdk_devel/lib/llvm/bin") for entry in sys.path if entry.endswith("site-packages")]
+    system = [p for p in Path("/usr/lib").glob("llvm-*/bin") if p.parent.name.removeprefix("llvm-").isdigit()]
+    candidates += sorted(system, key=lambda p: int(p.parent.name.removeprefix("llvm-")), reverse=True)
+    return candidates
+
+
+def _why_unusable(bin_dir: Path) -> str | None:
+    missing = [name for name in REQUIRED_TOOLS if not (bin_dir / name).is_file()]
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for target in REQUIRED_TARGETS:
+        result = subprocess.run([str(bin_dir / "llvm-mc"), f"-triple={TRIPLE}", f"-mcpu={target}", "-show-encoding"],
+                                input="s_nop 0\n", capture_output=True, text=True)
+        if result.returncode != 0 or "not a recognized processor" in result.stderr:
+            return f"llvm-mc does not know {target}: {result.stderr.strip()[:200]}"
+    return None
+
+
+def find_llvm() -> LlvmTools:
+    """The first candidate directory whose llvm-mc, llvm-objdump and llvm-readelf know gfx942 and gfx90a."""
+    reasons = []
+    for bin_dir in candidate_dirs():
+        why = _why_unusable(bin_dir)
+        if why is None:
+            banner = subprocess.run([str(bin_dir / "llvm-mc"), "--version"], capture_output=True, text=True).stdout
+            line = next((l.strip() for l in banner.splitlines() if "version" in l.lower()), banner.strip())
+            match = re.search(r"version\s+(\S+)", line)
+            return LlvmTools(bin_dir=bin_dir, version=match.group(1) if match else line, banner=line)
+        reasons.append(f"{bin_dir}: {why}")
+    raise LlvmNotFoundError("no usable LLVM found; tried\n  " + "\n  ".join(reasons) + "\nFix: " + INSTALL_HINT)
+
+
+def batches(items: list, jobs: int, minimum: int = 2000) -> list[list]:
+    """Cut items into about `jobs` contiguous batches (more when there are many), never smaller than `minimum`."""
+    count = max(1, min(max(jobs, 1) * 2, -(-len(items) // minimum)))
+    size = -(-len(items) // count) if items else 1
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def parallel(function, groups: list[list], jobs: int) -> list:
+    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
+        return list(pool.map(function, groups))
+
+
+def _mc(tools: LlvmTools, mcpu: str, text: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([tools.tool("llvm-mc"), f"-triple={TRIPLE}", f"-mcpu={mcpu}", "-show-encoding", *extra],
+                          input=text, capture_output=True, text=True)
+
+
+def _bytes_of(encoding: str) -> bytes:
+    return bytes(int(b, 16) for b in encoding.split(",") if b)
+
+
+def _decode_batch(tools: LlvmTools, mcpu: str, chunks: list[bytes]) -> list[str | None]:
+    source = "".join(" ".join(f"0x{b:02x}" for b in chunk) + "\n" for chunk in chunks)
+    result = _mc(tools, mcpu, source, "-disassemble")
+    decoded = _ENCODING.findall(result.stdout)
+    if len(decoded) == len(chunks) and all(_bytes_of(enc) == chunk for (_, enc), chunk in zip(decoded, chunks)):
+        return [text for text, _ in decoded]
+    if len(chunks) == 1:
+        return [None]  # LLVM cannot decode exactly these bytes as one instruction
+    # Something in the batch is undecodable or split differently: bisect to isolate it.
+    half = len(chunks) // 2
+    return _decode_batch(tools, mcpu, chunks[:half]) + _decode_batch(tools, mcpu, chunks[half:])
+
+
+def decode(tools: LlvmTools, chunks: list[bytes], mcpu: str, jobs: int) -> list[str | None]:
+    """Each chunk's instruction text, or None where LLVM does not decode exactly that chunk as one instruction."""
+    groups = batches(chunks, jobs)
+    return [text for group in parallel(lambda g: _decode_batch(tools, mcpu, g), groups, jobs) for text in group]
+
+
+def _assemble_batch(tools: LlvmTools, mcpu: str, texts: list[str]) -> list[tuple[bytes | None, str | None]]:
+    result = _mc(tools, mcpu, "".join(t + "\n" for t in texts))
+    errors: dict[int, str] = {}
+    for line, message in _ASM_ERROR.findall(result.stderr):
+        errors.setdefault(int(line) - 1, message)
+    encodings = iter(_ENCODING.findall(result.stdout))
+    out = []
+    for index, text in enumerate(texts):
+        if index in errors:
+            out.append((None, errors[index]))
+            continue
+        echoed, encoding = next(encodings, (None, None))
+        if encoding is None:
+            raise LlvmOutputError(f"llvm-mc -mcpu={mcpu} printed fewer encodings than it accepted lines "
+                                  f"(line {index + 1}: {text!r}); stderr: {result.stderr[-500:]}")
+        out.append((_bytes_of(encoding), None))
+    if next(encodings, None) is not None:
+        raise LlvmOutputError(f"llvm-mc -mcpu={mcpu} printed more encodings than it was given lines")
+    return out
+
+
+def assemble(tools: LlvmTools, texts: list[str], mcpu: str, jobs: int) -> list[tuple[bytes | None, str | None]]:
+    """(encoding, None) for each text the assembler accepts for `mcpu`, else (None, its error message)."""
+    groups = batches(texts, jobs)
+    return [pair for group in parallel(lambda g: _assemble_batch(tools, mcpu, g), groups, jobs) for pair in group]
+
+
+_OBJDUMP_FILE = re.compile(r"^(.*):\s+file format \S+$")
+_OBJDUMP_INSTRUCTION = re.compile(r"^\t(.*?)\s*// ([0-9A-Fa-f]+): ((?:[0-9A-Fa-f]{8} ?)+)$")
+
+
+def objdump_listings(tools: LlvmTools, paths: list[Path], mcpu: str) -> dict[str, list[tuple[int, str, bytes]]]:
+    """llvm-objdump's (address, text, bytes) for every instruction of each file, in one call for all of them."""
+    result = subprocess.run([tools.tool("llvm-objdump"), "-d", f"--mcpu={mcpu}", *map(str, paths)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LlvmOutputError(f"llvm-objdump --mcpu={mcpu} failed: {result.stderr.strip()[-500:]}")
+    listings: dict[str, list[tuple[int, str, bytes]]] = {}
+    current: list | None = None
+    for line in result.stdout.splitlines():
+        if line.startswith("\t"):
+            match = _OBJDUMP_INSTRUCTION.match(line)
+            if match is None or current is None:
+                raise LlvmOutputError(f"unexpected llvm-objdump line: {line!r}")
+            words = match.group(3).split()
+            current.append((int(match.group(2), 16), match.group(1),
+                            b"".join(int(w, 16).to_bytes(4, "little") for w in words)))
+        elif (header := _OBJDUMP_FILE.match(line)) is not None:
+            current = listings.setdefault(header.group(1), [])
+    return listings
+
+
+def readelf_notes(tools: LlvmTools, paths: list[Path]) -> dict[str, str]:
+    """llvm-readelf's header and notes text per file."""
+    result = subprocess.run([tools.tool("llvm-readelf"), "-h", "--notes", *map(str, paths)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise LlvmOutputError(f"llvm-readelf failed: {result.stderr.strip()[-500:]}")
+    per_file: dict[str, str] = {}
+    chunks = re.split(r"^File: (.*)$", result.stdout, flags=re.M)
+    if len(paths) == 1 and len(chunks) == 1:
+        return {str(paths[0]): result.stdout}
+    for name, body in zip(chunks[1::2], chunks[2::2]):
+        per_file[name.strip()] = body
+    return per_file

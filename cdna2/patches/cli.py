@@ -1,0 +1,173 @@
+"""``python -m cdna2 patch {plan,apply,check,revert}``: the patch engine on one box, without pyinfra.
+
+The same pieces the deploy uses: a local probe of the site-packages, ``plan_package`` per package, and the host
+transaction (``cdna2.host.txn``) plus JIT invalidation (``cdna2.host.jit``) run locally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from cdna2.host import jit, txn
+from cdna2.patches.catalog import Catalog, PatchDataError, load_catalog
+from cdna2.patches.planner import PackagePlan, plan_package
+
+STATE_DIR_NAME = ".cdna2-patch-state"
+
+
+def _dist_info(site_packages: Path, package: str) -> Path | None:
+    """The dist-info directory of ``package`` (names normalised as in PEP 503/427), or None if not installed."""
+    wanted = re.sub(r"[-_.]+", "_", package).lower()
+    found = [path for path in site_packages.glob("*.dist-info")
+             if re.sub(r"[-_.]+", "_", path.name.split("-", 1)[0]).lower() == wanted]
+    if len(found) > 1:
+        raise SystemExit(f"{site_packages}: several dist-info directories for {package}: "
+                         f"{', '.join(p.name for p in found)}; remove the stale ones")
+    return found[0] if found else None
+
+
+def _installed_version(dist_info: Path) -> str:
+    for line in (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    raise SystemExit(f"{dist_info}/METADATA: no Version: line; the installation is damaged, reinstall it")
+
+
+def _record(dist_info: Path) -> dict[str, str]:
+    rows = csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines())
+    return {row[0]: row[1] for row in rows if len(row) >= 2 and row[1]}
+
+
+def probe(site_packages: Path, catalog: Catalog, package: str) -> tuple[str, dict, dict] | None:
+    """Local equivalent of the deploy's host probe: (version, file bytes or None, RECORD hashes)."""
+    dist_info = _dist_info(site_packages, package)
+    if dist_info is None:
+        return None
+    files = {}
+    for relative in catalog.target_files(package):
+        path = site_packages / relative
+        files[relative] = path.read_bytes() if path.is_file() else None
+    return _installed_version(dist_info), files, _record(dist_info)
+
+
+def _plans(args: argparse.Namespace, catalog: Catalog) -> list[tuple[str, PackagePlan | None]]:
+    plans = []
+    for package in catalog.packages():
+        probed = probe(args.site_packages, catalog, package)
+        if probed is None:
+            plans.append((package, None))
+            continue
+        version, files, record = probed
+        plans.append((package, plan_package(catalog, package, version, files, record, args.sets)))
+    return plans
+
+
+def _state_dir(args: argparse.Namespace, package: str) -> Path:
+    return (args.state_dir or args.site_packages / STATE_DIR_NAME) / package
+
+
+def _stage(root: Path, plan: PackagePlan) -> list[dict]:
+    """Write each new content next to its target (same filesystem, so the rename is atomic)."""
+    changes = []
+    for change in plan.changes:
+        target = root / change.path
+        staged = target.with_name(f".{target.name}.cdna2-staged")
+        with open(staged, "wb") as handle:
+            handle.write(change.new_bytes)
+            handle.flush()
+            os.fsync(handle.fileno())
+        changes.append({"path": change.path, "expected_sha256": change.old_sha256, "staged": str(staged),
+                        "new_sha256": change.new_sha256})
+    return changes
+
+
+def _apply(args: argparse.Namespace, package: str, plan: PackagePlan) -> dict:
+    manifest = {"root": str(args.site_packages), "package": package, "backup_dir": str(_state_dir(args, package)),
+                "changes": _stage(args.site_packages, plan), "jit_invalidations": plan.jit_invalidations}
+    result = txn.apply(manifest)
+    result["jit"] = jit.invalidate(args.site_packages, plan.jit_invalidations)
+    return result
+
+
+def _print_plan(package: str, plan: PackagePlan | None, show_diff: bool) -> None:
+    if plan is None:
+        print(f"== {package}: not installed")
+        return
+    print(f"== {package} {plan.installed_version}: {plan.status}" + (f" ({', '.join(plan.sets)})" if plan.sets else ""))
+    for reason in plan.reasons:
+        print(f"   {reason}")
+    for change in plan.changes:
+        print(change.diff if show_diff else f"   would change {change.path}")
+    if plan.jit_invalidations:
+        print(f"   JIT outputs to remove after the change: {', '.join(plan.jit_invalidations)}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        catalog = load_catalog()
+    except PatchDataError as error:
+        print(f"patch data invalid: {error}", file=sys.stderr)
+        return 1
+    args.site_packages = args.site_packages.resolve()
+    unknown = sorted(set(args.sets) - set(catalog.optional_sets()))
+    if unknown:
+        print(f"--set {', '.join(unknown)}: not an optional patch set; choose from {', '.join(catalog.optional_sets())}",
+              file=sys.stderr)
+        return 2
+    report = {"site_packages": str(args.site_packages), "action": args.action, "packages": []}
+    failed = False
+    if args.action == "revert":
+        for package in catalog.packages():
+            try:
+                result = txn.revert(_state_dir(args, package), args.site_packages)
+                result["jit"] = jit.invalidate(args.site_packages, result["jit_invalidations"])
+            except txn.TxnError as error:
+                result, failed = {"ok": False, "package": package, "error": str(error), "file": error.path}, True
+            report["packages"].append(result)
+            if not args.json:
+                print(f"== {package}: " + (f"restored {', '.join(result['changed']) or 'nothing'}" if result["ok"]
+                                           else f"REFUSED: {result['error']}"))
+    else:
+        for package, plan in _plans(args, catalog):
+            entry = {"package": package, "installed": plan is not None, "plan": plan.to_json() if plan else None}
+            if plan is not None and plan.status in ("refused", "no-set"):
+                failed = True
+            if args.action == "check" and plan is not None and plan.status != "patched":
+                failed = True
+            if args.action == "apply" and plan is not None and plan.status == "apply":
+                try:
+                    entry["result"] = _apply(args, package, plan)
+                except txn.TxnError as error:
+                    entry["result"], failed = {"ok": False, "error": str(error), "file": error.path}, True
+            report["packages"].append(entry)
+            if not args.json:
+                _print_plan(package, plan, show_diff=args.action == "plan")
+                if "result" in entry:
+                    print("   " + ("applied" if entry["result"]["ok"] else f"FAILED: {entry['result']['error']}"))
+    if args.action == "check" and not any(entry.get("installed", True) for entry in report["packages"]):
+        print(f"{args.site_packages}: none of {', '.join(catalog.packages())} is installed here", file=sys.stderr)
+        failed = True
+    if args.json:
+        print(json.dumps(report, indent=1, sort_keys=True))
+    return 1 if failed else 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("patch", help="plan, apply, check or revert the gfx90a patch sets on one box",
+                                   description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("plan", "apply", "check", "revert"),
+                        help="plan: show unified diffs; apply: patch; check: exit 1 unless every selected site is "
+                             "patched; revert: restore the originals")
+    parser.add_argument("--site-packages", type=Path, required=True, help="the site-packages holding the packages")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
+                        help="enable an optional patch set (repeatable); required sets are always selected")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help=f"where originals and state are kept (default: <site-packages>/{STATE_DIR_NAME})")
+    parser.add_argument("--json", action="store_true", help="print one JSON report instead of text")
+    parser.set_defaults(func=_run)

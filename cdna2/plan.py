@@ -1,0 +1,50 @@
+"""Which steps apply to a host, decided from its probe alone (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+TARGET_ARCH = "gfx90a"
+
+
+def arch_skip_reason(probe: dict[str, Any]) -> str | None:
+    """Why translation and patching leave this host alone, or None when it is a gfx90a host."""
+    gpu = probe["gpu"]
+    if gpu["arch"] == TARGET_ARCH:
+        return None
+    if len(gpu["arches"]) > 1:
+        return f"mixed GPU arches {', '.join(gpu['arches'])}: one AITER tree cannot serve them; left alone"
+    if not gpu["agents"]:
+        return "no GPU agent found (rocminfo, KFD topology): the arch is unknown; left alone"
+    names = sorted({agent["marketing_name"] or agent["arch"] for agent in gpu["agents"]})
+    return (f"GPU arch {gpu['arch']} ({', '.join(names)}): AITER has native kernels for it; translation and "
+            f"patching are for {TARGET_ARCH} only, left alone")
+
+
+def target_env_error(probe: dict[str, Any]) -> str | None:
+    """Why the host's target Python environment cannot be provisioned, or None."""
+    python = probe["python"]
+    if not python["is_target"]:
+        return (f"target Python {python['target']} is missing on the host: install the Python environment that "
+                f"holds AITER there, or set `target_python` to its interpreter")
+    return None
+
+
+SKIP, FAIL, PROCEED = "skip", "fail", "proceed"
+
+
+def kernels_decision(probe: dict[str, Any], enabled: bool) -> tuple[str, str]:
+    """(SKIP, why) for a host the kernels step leaves alone, (FAIL, why) for one it cannot serve, else PROCEED."""
+    if not enabled:
+        return SKIP, "translate_kernels is off for this host"
+    reason = arch_skip_reason(probe)
+    if reason:
+        return SKIP, reason
+    if probe["distributions"]["amd-aiter"] is None:
+        return FAIL, "amd-aiter is not installed in the target environment: enable install_wheels or install it"
+    aiter = probe["aiter"]
+    if not aiter or not aiter["gfx942_record_digest"] or not aiter["gfx942_record_files"]:
+        return SKIP, "this amd-aiter lists no hsa/gfx942 kernel tree in its RECORD: nothing to translate"
+    if not aiter["gfx942_on_disk"]:
+        return FAIL, f"{aiter['hsa_root']}/gfx942 is listed in RECORD but missing on disk: reinstall amd-aiter"
+    return PROCEED, f"gfx942 tree {aiter['gfx942_record_digest'][:12]} ({aiter['gfx942_record_files']} files)"

@@ -1,0 +1,88 @@
+"""Translated kernel trees on the controller: one per distinct gfx942 source tree in the cluster.
+
+The cache (``<cache>/kernels``) holds, per source digest (the probe's RECORD digest of ``hsa/gfx942``):
+``sources/<digest>/gfx942`` the source tree, fetched once from a host that has it, and ``translated/<digest>/``
+the gfx90a tree with its translation report; plus ``archives/<output digest>.tar.gz``, the deterministic archive
+that hosts receive. Translation runs as ``python -m cdna2 translate`` in a child process, whose own cache makes a
+repeated translation of the same inputs cost no LLVM work.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from cdna2.archive import tree_archive
+from cdna2.host.probe import tree_digest
+
+
+class KernelSourceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TranslatedTree:
+    source_digest: str
+    digest: str  # tree digest of the gfx90a tree: what a host's probe reports once it is installed
+    archive: Path
+    archive_sha256: str
+    kernels: int
+    report: dict
+
+
+def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Path:
+    """The cached gfx942 tree with ``digest``; when absent, ``fetch(archive)`` downloads one and it is verified."""
+    source = cache / "sources" / digest / "gfx942"
+    if source.is_dir():
+        return source
+    staging = cache / "sources" / f".{digest}.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        archive = staging / "gfx942.tar.gz"
+        fetch(archive)
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        archive.unlink()
+        found = tree_digest(staging / "gfx942")
+        if found != digest:
+            raise KernelSourceError(
+                f"the gfx942 tree fetched for {digest[:12]} has digest {found[:12]}: the files on the host differ "
+                f"from AITER's RECORD (modified after install?); reinstall amd-aiter on that host")
+        (cache / "sources" / digest).mkdir(parents=True, exist_ok=True)
+        (staging / "gfx942").rename(source)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return source
+
+
+def ensure_translation(cache: Path, source_digest: str, source: Path,
+                       progress: Callable[[str], None] = lambda line: None) -> TranslatedTree:
+    """Translate ``source`` (cached by the engine) and archive the result once per output digest."""
+    out_dir = cache / "translated" / source_digest
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = out_dir / "report.json"
+    command = [sys.executable, "-m", "cdna2", "translate", str(source), str(out_dir / "gfx90a"),
+               "--report", str(report_path), "--cache", str(cache / "engine")]
+    progress(f"translating gfx942 tree {source_digest[:12]} ({' '.join(command[1:4])} ...)")
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]} failed "
+                                f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+    report = json.loads(report_path.read_text())
+    digest = tree_digest(out_dir / "gfx90a")
+    archive = cache / "archives" / f"gfx90a-{digest[:32]}.tar.gz"
+    if not archive.exists():
+        tree_archive(out_dir / "gfx90a", archive)
+    return TranslatedTree(
+        source_digest=source_digest, digest=digest, archive=archive,
+        archive_sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
+        kernels=sum(1 for _ in (out_dir / "gfx90a").rglob("*.co")), report=report,
+    )

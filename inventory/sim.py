@@ -1,0 +1,50 @@
+"""pyinfra inventory of the simulated lab, read from .lab/lab.json (or $CDNA2_LAB_DIR/lab.json).
+
+Groups: ``mi210`` (gfx90a hosts) and ``mi300x`` (gfx942 hosts). Every host is reached over real SSH with the lab's
+own key and known_hosts, host-key checking on. Bring the lab up first: ``./lab/up``.
+"""
+
+import sys
+from pathlib import Path
+
+from pyinfra.api.exceptions import InventoryError
+
+_REPO = Path(__file__).resolve().parent.parent
+if str(_REPO) not in sys.path:  # pyinfra executes this file without the repository on sys.path
+    sys.path.insert(0, str(_REPO))
+
+from lab.labctl import LabPaths, host_alive, load_lab  # noqa: E402 (needs the path set above)
+
+_GROUPS = ("mi210", "mi300x")
+
+
+def _lab_hosts() -> tuple[dict, list[dict]]:
+    paths = LabPaths.default()
+    lab = load_lab(paths)
+    if lab is None or not lab["hosts"]:
+        raise InventoryError(f"the simulated lab is not up (no hosts in {paths.state_file}): run ./lab/up")
+    dead = [f"{host['name']} (pid {host['pid']})" for host in lab["hosts"] if not host_alive(host)]
+    if dead:
+        raise InventoryError(f"lab hosts not running: {', '.join(dead)}: run ./lab/up to restart them")
+    unknown = sorted({host["group"] for host in lab["hosts"]} - set(_GROUPS))
+    if unknown:
+        raise InventoryError(f"{paths.state_file} has hosts in groups {unknown} this inventory does not know")
+    return lab, lab["hosts"]
+
+
+def _host_data(lab: dict, host: dict) -> dict:
+    return {
+        "ssh_hostname": host["address"],
+        "ssh_port": host["port"],
+        "ssh_user": lab["ssh"]["user"],
+        "ssh_key": lab["ssh"]["key"],
+        "ssh_known_hosts_file": lab["ssh"]["known_hosts"],
+        "ssh_strict_host_key_checking": "yes",
+        "ssh_allow_agent": False,
+        "ssh_look_for_keys": False,
+    }
+
+
+_lab, _hosts = _lab_hosts()
+mi210 = [(host["name"], _host_data(_lab, host)) for host in _hosts if host["group"] == "mi210"]
+mi300x = [(host["name"], _host_data(_lab, host)) for host in _hosts if host["group"] == "mi300x"]

@@ -1,0 +1,70 @@
+"""Install this tool's host-side modules on the host, and build the commands that run them there."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from pyinfra import host
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+
+from cdna2.agent import AgentBundle, agent_dir, build_agent_bundle
+from cdna2.cache import cache_root
+
+
+def agent_command(target_python: str, state_dir: str, module: str, *args: str) -> StringCommand:
+    """``<target_python> -B -m cdna2.host.<module> ARGS`` run from the installed agent, every value quoted.
+
+    ``-B`` keeps Python from writing __pycache__ into the agent directory, whose digest decides re-uploads.
+    """
+    return StringCommand(
+        "env", QuoteString(f"PYTHONPATH={agent_dir(state_dir)}"), QuoteString(target_python), "-B", "-m",
+        QuoteString(f"cdna2.host.{module}"), *(QuoteString(arg) for arg in args),
+    )
+
+
+@cache
+def current_agent_bundle() -> AgentBundle:
+    """The agent bundle of this checkout, built once per run."""
+    return build_agent_bundle(cache_root())
+
+
+@operation()
+def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str | None):
+    """
+    Install this tool's host-side modules (cdna2/host/) under ``<state_dir>/agent``.
+
+    + bundle: the agent archive built on the controller and its tree digest
+    + state_dir: the tool's state directory on the host
+    + installed_digest: the digest of the installed agent, from the host probe (None when absent)
+
+    The archive is unpacked into a staging directory and renamed into place, so a run never uses a half-copied
+    agent. Nothing is uploaded when the installed agent already has the bundle's digest.
+
+    **Example:**
+
+    .. code:: python
+
+        agent_installed(
+            name="agent: host-side modules are current",
+            bundle=build_agent_bundle(cache_dir),
+            state_dir="/var/lib/cdna2",
+            installed_digest=probe["agent"]["digest"],
+        )
+    """
+    if installed_digest == bundle.digest:
+        host.noop(f"agent in {agent_dir(state_dir)} is current ({bundle.digest[:12]})")
+        return
+    target = agent_dir(state_dir)
+    staging = f"{target}.staging"
+    remote_archive = f"{state_dir}/agent-{bundle.digest[:16]}.tar.gz"
+    yield StringCommand("mkdir", "-p", QuoteString(state_dir))
+    yield FileUploadCommand(str(bundle.archive), remote_archive,
+                            remote_temp_filename=host.get_temp_filename(remote_archive))
+    yield StringCommand(
+        "rm", "-rf", QuoteString(staging), "&&", "mkdir", QuoteString(staging),
+        "&&", "tar", "-xzf", QuoteString(remote_archive), "-C", QuoteString(staging),
+        "&&", "rm", "-rf", QuoteString(f"{target}.old"),
+        "&&", "{", "[", "!", "-e", QuoteString(target), "]", "||", "mv", QuoteString(target), QuoteString(f"{target}.old"), ";", "}",
+        "&&", "mv", QuoteString(staging), QuoteString(target),
+        "&&", "rm", "-rf", QuoteString(f"{target}.old"), QuoteString(remote_archive),
+    )

@@ -1,0 +1,94 @@
+"""Install translated gfx90a kernel trees: translated once per distinct source tree, uploaded only where needed."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api.host import Host
+
+from cdna2.cache import cache_root
+from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
+from operations.agent import agent_command
+
+# One translation per source digest per run, however many hosts share it: deploy.py runs once per host, in
+# parallel greenlets, and the first host with a given tree does the work while the others wait for it.
+_translation_locks: dict[str, threading.Lock] = {}
+_translations: dict[str, TranslatedTree] = {}
+
+
+def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
+    """Copy ``<hsa_root>/gfx942`` from ``source_host`` into a local archive (a temporary file on the host only)."""
+    made, output = source_host.run_shell_command(StringCommand("mktemp", "/tmp/cdna2-gfx942.XXXXXX"))
+    if not made:
+        raise KernelSourceError(f"{source_host.name}: cannot create a temporary file: {output.stderr}")
+    remote = output.stdout.strip()
+    try:
+        packed, output = source_host.run_shell_command(
+            StringCommand("tar", "-czf", QuoteString(remote), "-C", QuoteString(hsa_root), "gfx942"))
+        if not packed:
+            raise KernelSourceError(f"{source_host.name}: tar of {hsa_root}/gfx942 failed: {output.stderr}")
+        if not source_host.get_file(remote, str(archive)):
+            raise KernelSourceError(f"{source_host.name}: download of {remote} failed")
+    finally:
+        source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote)))
+
+
+def translated_tree_for(source_host: Host, probe: dict) -> TranslatedTree:
+    """The translation of this host's gfx942 tree, from the controller's cache or made now."""
+    digest = probe["aiter"]["gfx942_record_digest"]
+    with _translation_locks.setdefault(digest, threading.Lock()):
+        if digest not in _translations:
+            cache = cache_root() / "kernels"
+            source = ensure_source(cache, digest,
+                                   lambda archive: fetch_gfx942_tree(source_host, probe["aiter"]["hsa_root"], archive))
+            _translations[digest] = ensure_translation(
+                cache, digest, source, progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
+    return _translations[digest]
+
+
+@operation()
+def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: str | None, target_python: str,
+                       state_dir: str):
+    """
+    Install the translated gfx90a kernel tree as ``<hsa_root>/gfx90a``.
+
+    + tree: the translated tree (archive, its checksum, the tree digest) built on the controller
+    + hsa_root: AITER's ``hsa`` directory on the host, from the probe
+    + installed_digest: digest of the host's current ``hsa/gfx90a`` from the probe (None when absent)
+    + target_python: interpreter that runs the host agent
+    + state_dir: the tool's state directory on the host (staging and state record)
+
+    Swap:
+        The archive is uploaded into ``<state_dir>/staging``, checked against its checksum, unpacked beside
+        ``hsa/``, checked against the tree digest, and only then exchanged with ``hsa/gfx90a`` in one rename;
+        the previous tree stays as ``hsa/.gfx90a.previous``. Nothing is uploaded when the installed tree
+        already has the digest.
+
+    **Example:**
+
+    .. code:: python
+
+        translated_kernels(
+            name="kernels: hsa/gfx90a holds the translated tree",
+            tree=translated_tree_for(host, probe),
+            hsa_root=probe["aiter"]["hsa_root"],
+            installed_digest=probe["aiter"]["gfx90a_digest"],
+            target_python="/opt/venv/bin/python",
+            state_dir="/var/lib/cdna2",
+        )
+    """
+    if installed_digest == tree.digest:
+        host.noop(f"{hsa_root}/gfx90a already holds translated tree {tree.digest[:12]} ({tree.kernels} kernels)")
+        return
+    remote_archive = f"{state_dir}/staging/gfx90a-{tree.digest[:16]}.tar.gz"
+    replaced = f"tree {installed_digest[:12]}" if installed_digest else "nothing (absent)"
+    logger.info(f"{host.print_prefix}kernels: upload {tree.archive.name} ({tree.archive.stat().st_size} bytes, "
+                f"{tree.kernels} kernels) and replace {hsa_root}/gfx90a: {replaced} -> {tree.digest[:12]}")
+    yield StringCommand("mkdir", "-p", QuoteString(f"{state_dir}/staging"))
+    yield FileUploadCommand(str(tree.archive), remote_archive)
+    yield agent_command(target_python, state_dir, "kernels", "install", "--archive", remote_archive,
+                        "--sha256", tree.archive_sha256, "--digest", tree.digest,
+                        "--hsa-root", hsa_root, "--state-dir", state_dir)

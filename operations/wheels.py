@@ -1,0 +1,90 @@
+"""Install ROCm-matched torch, amd-aiter and vLLM, pin triton last, and prove the result imports."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from pyinfra import host, logger, state
+from pyinfra.api import FunctionCommand, OperationTypeError, QuoteString, StringCommand, operation
+
+from cdna2.wheels import WheelPlan, WheelPlanError
+
+IMPORTCHECK_SOURCE = resources.files("cdna2").joinpath("host", "importcheck.py").read_text()
+
+
+def _first_pass() -> bool:
+    """Whether this is the first time the operation body runs in this invocation of pyinfra.
+
+    Without -y the body runs at prepare (which is all of --dry) and again at execute; with -y only at execute.
+    The pip plan is logged on the first pass only, so --dry shows it and a real run shows it once.
+    """
+    return state.is_executing != state.should_check_for_changes()
+
+
+def _refuse(state, host, message: str) -> bool:
+    """Fail this host at execute time with the planner's message; other hosts go on."""
+    host.log_styled(f"wheels: {message}", fg="red", log_func=logger.error)
+    return False
+
+
+def import_check_command(python: str) -> StringCommand:
+    """Run cdna2/host/importcheck.py under ``python`` in a fresh, isolated process (-I: no PYTHONPATH, no cwd)."""
+    return StringCommand(QuoteString(python), "-I", "-c", QuoteString(IMPORTCHECK_SOURCE))
+
+
+@operation()
+def packages(plan: WheelPlan | WheelPlanError):
+    """
+    Install the wheels a host's plan names, in order, then prove triton (and AITER) import.
+
+    + plan: the host's ``cdna2.wheels.plan_wheels(...)`` result, or the ``WheelPlanError`` it raised for this host
+
+    Order:
+        torch, amd-aiter, vLLM, and ``triton==3.7.1`` last: the plan lists only what differs from the probe's
+        installed distributions, and triton whenever another triton is present or anything else is installed
+        before it. Each pip command runs with ``PIP_CONFIG_FILE=/dev/null --isolated``, so the host's own pip
+        configuration cannot add a source (a mirror host installs from the mirror and from nowhere else).
+
+    Proof:
+        after the installs, ``cdna2/host/importcheck.py`` imports ``triton``, ``triton.runtime.autotuner`` and,
+        where torch is a ROCm build, ``aiter``, each in its own process; a death by signal ("SIGSEGV, exit 139,
+        while importing ...") or any failed import exits non-zero and fails the host. It runs only when something
+        was installed, so a second run changes nothing.
+
+    Refusal:
+        given a ``WheelPlanError`` (a ROCm version the matrix does not cover, for example), the host fails at
+        execute with that message and nothing on it changes; the other hosts go on.
+
+    Dry run:
+        the exact pip commands of each host are logged (``[host] wheels: ...`` lines) when the operation is
+        first evaluated, which is during ``--dry``; pyinfra's own table shows only which hosts change.
+
+    **Example:**
+
+    .. code:: python
+
+        plan = plan_wheels(load_matrix(host.data.wheel_matrix), probe, install_vllm=host.data.install_vllm)
+        wheels.packages(
+            name="Ensure ROCm-matched wheels, triton 3.7.1 last",
+            plan=plan,
+        )
+    """
+    if isinstance(plan, WheelPlanError):
+        if _first_pass():
+            host.log_styled(f"wheels: will fail: {plan}", fg="red", log_func=logger.warning)
+        yield FunctionCommand(_refuse, (str(plan),), {})
+        return
+    if not isinstance(plan, WheelPlan):
+        raise OperationTypeError(f"`plan` must be a WheelPlan or WheelPlanError, not {type(plan).__name__}")
+
+    if not plan.actions:
+        host.noop(f"wheels of {plan.python} already match {plan.matrix_path} (ROCm {plan.entry_version})")
+        return
+
+    if _first_pass():
+        for number, action in enumerate(plan.actions, 1):
+            logger.info(f"{host.print_prefix}wheels: {number}. {action.description}")
+            logger.info(f"{host.print_prefix}wheels:    {StringCommand(*map(QuoteString, action.argv))}")
+    for action in plan.actions:
+        yield StringCommand(*(QuoteString(arg) for arg in action.argv))
+    yield import_check_command(plan.python)

@@ -1,0 +1,72 @@
+"""Fixtures for tests against the simulated lab (lab/README.md).
+
+``lab``: the default three-host lab, shared by the whole session. A lab that is already up is reused as it is;
+one this session had to start is stopped again at the end (set CDNA2_LAB_KEEP=1 to keep it running).
+``scratch_lab``: a throwaway one-host lab with its own state directory and loopback subnet, for tests that stop or
+change a host without disturbing the shared lab.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lab import wheelhouse
+from lab.labctl import REPO, LabPaths, host_alive, load_lab
+
+LAB_COMMANDS = REPO / "lab"
+DEFAULT_HOSTS = 3
+# Subnets for scratch labs: away from the shared lab's 127.0.10, one per scratch lab in a session.
+_scratch_subnets = (f"127.0.{octet}" for octet in itertools.count(20))
+
+
+def run_lab_command(command: str, *args: str, lab_dir: Path | None = None,
+                    check: bool = True) -> subprocess.CompletedProcess:
+    environment = dict(os.environ)
+    if lab_dir is not None:
+        environment["CDNA2_LAB_DIR"] = str(lab_dir)
+    result = subprocess.run([str(LAB_COMMANDS / command), *args], capture_output=True, text=True, env=environment,
+                            timeout=900)
+    if check and result.returncode != 0:
+        raise AssertionError(f"./lab/{command} {' '.join(args)} exited {result.returncode}:\n"
+                             f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+def _running(paths: LabPaths) -> bool:
+    lab = load_lab(paths)
+    return lab is not None and len(lab["hosts"]) >= DEFAULT_HOSTS and all(host_alive(h) for h in lab["hosts"])
+
+
+@pytest.fixture(scope="session", name="run_lab_command")
+def run_lab_command_fixture():
+    """Run ./lab/COMMAND ARGS... (optionally on another lab directory); fails the test on a non-zero exit."""
+    return run_lab_command
+
+
+@pytest.fixture(scope="session")
+def lab() -> dict:
+    paths = LabPaths.default()
+    was_running = _running(paths)
+    run_lab_command("up", str(DEFAULT_HOSTS))
+    yield load_lab(paths)
+    if not was_running and not os.environ.get("CDNA2_LAB_KEEP"):
+        run_lab_command("down")
+
+
+@pytest.fixture()
+def scratch_lab() -> dict:
+    """One host in its own state directory and subnet, stopped at the end if the test left it running."""
+    # Not under /tmp (each host mounts its own /tmp) and on the filesystem of the venv templates (hard links).
+    lab_dir = wheelhouse.cache_root() / "scratch-labs" / uuid.uuid4().hex
+    run_lab_command("up", "1", "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
+    lab = json.loads((lab_dir / "lab.json").read_text())
+    yield lab
+    if (lab_dir / "lab.json").exists():
+        run_lab_command("down", lab_dir=lab_dir)

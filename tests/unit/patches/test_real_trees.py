@@ -1,0 +1,136 @@
+"""The patch engine end to end on real PyPI sources: plan, stage, apply (cdna2.host.txn), check, revert."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import py_compile
+
+import pytest
+
+from cdna2.host import txn
+from cdna2.patches import plan_package, record_hash
+from cdna2.patches.cli import probe
+
+ALL_OPTIONAL = {
+    "vllm": ["vllm-prefer-aiter-fa", "vllm-ck-int8-gemm"],
+    "amd-aiter": [],
+}
+
+
+def optional_for(package, version):
+    # vLLM 0.33.0 has no CK int8 GEMM variant (its register_ops_once was restructured): the plan refuses it.
+    if package == "vllm" and version == "0.33.0":
+        return ["vllm-prefer-aiter-fa"]
+    return ALL_OPTIONAL[package]
+
+
+def snapshot(root):
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and ".cdna2-patch-state" not in p.parts}
+
+
+def plan_for(catalog, package, root, optional):
+    version, files, record = probe(root, catalog, package)
+    return plan_package(catalog, package, version, files, record, optional)
+
+
+def apply_plan(plan, root, backup_dir):
+    changes = []
+    for change in plan.changes:
+        staged = (root / change.path).with_name(f".{(root / change.path).name}.staged")
+        staged.write_bytes(change.new_bytes)
+        changes.append({"path": change.path, "expected_sha256": change.old_sha256, "staged": str(staged),
+                        "new_sha256": change.new_sha256})
+    return txn.apply({"root": str(root), "package": plan.package, "backup_dir": str(backup_dir), "changes": changes,
+                      "jit_invalidations": plan.jit_invalidations})
+
+
+def record_of(root):
+    dist_info = next(root.glob("*.dist-info"))
+    return {row[0]: row[1] for row in csv.reader((dist_info / "RECORD").read_text().splitlines()) if len(row) > 1}
+
+
+def test_apply_check_revert_round_trip(catalog, real_tree, tmp_path):
+    package, version, root, _ = real_tree
+    optional = optional_for(package, version)
+    before = snapshot(root)
+    plan = plan_for(catalog, package, root, optional)
+    assert plan.status == "apply", plan.reasons
+    assert all(change.diff.startswith(f"--- a/{change.path}\n+++ b/{change.path}\n") for change in plan.changes)
+    assert snapshot(root) == before, "planning must not write"
+
+    result = apply_plan(plan, root, tmp_path / "backup")
+    assert result["ok"] and sorted(result["changed"]) == sorted(c.path for c in plan.changes)
+    for change in plan.changes:
+        if change.path.endswith(".py"):
+            py_compile.compile(str(root / change.path), cfile=str(tmp_path / "compiled.pyc"), doraise=True)
+
+    check = plan_for(catalog, package, root, optional)
+    assert check.status == "patched", check.reasons
+    assert check.changes == [], "a second apply must change nothing"
+    assert all(site.state == "patched" for site in check.sites)
+
+    txn.revert(tmp_path / "backup", root)
+    assert snapshot(root) == before, "revert must give back byte-identical files"
+    record = record_of(root)
+    for change in plan.changes:
+        assert record_hash((root / change.path).read_bytes()) == record[change.path]
+    assert not (tmp_path / "backup" / "state.json").exists()
+
+
+def test_edited_anchor_is_refused_and_nothing_changes(catalog, real_tree):
+    package, version, root, _ = real_tree
+    plan = plan_for(catalog, package, root, optional_for(package, version))
+    site = next(state for state in plan.sites if state.file.endswith(".py") or state.file.endswith(".cu"))
+    path = root / site.file
+    anchor = next(s for ps in catalog.sets_for(package) for v in ps.variants for s in v.sites
+                  if v.id == plan.variants[site.set_name] and s.id == site.site)
+    path.write_text(path.read_text().replace(anchor.anchor, anchor.anchor.replace("(", "( ", 1)))
+    before = snapshot(root)
+    refused = plan_for(catalog, package, root, optional_for(package, version))
+    assert refused.status == "refused"
+    assert refused.changes == []
+    text = "\n".join(refused.reasons)
+    assert f"{package} {version}" in text and f"{site.file}: site {site.site}: expected the anchor" in text, text
+    assert snapshot(root) == before
+
+
+def test_one_site_patched_by_hand_is_recognised(catalog, real_tree, tmp_path):
+    package, version, root, _ = real_tree
+    optional = optional_for(package, version)
+    plan = plan_for(catalog, package, root, optional)
+    first = plan.sites[0]
+    site = next(s for ps in catalog.sets_for(package) for v in ps.variants for s in v.sites
+                if ps.name == first.set_name and v.id == first.variant and s.id == first.site)
+    path = root / site.file
+    path.write_text(path.read_text().replace(site.anchor, site.replacement))
+
+    replanned = plan_for(catalog, package, root, optional)
+    assert replanned.status == "apply", replanned.reasons
+    assert [s.state for s in replanned.sites if s.site == site.id and s.file == site.file] == ["patched"]
+    apply_plan(replanned, root, tmp_path / "backup")
+    assert plan_for(catalog, package, root, optional).status == "patched"
+
+
+def test_file_edited_elsewhere_is_refused_not_overwritten(catalog, real_tree):
+    package, version, root, _ = real_tree
+    optional = optional_for(package, version)
+    target = plan_for(catalog, package, root, optional).changes[0].path
+    with open(root / target, "a") as handle:
+        handle.write("\n# a local edit outside every patch site\n")
+    before = snapshot(root)
+    refused = plan_for(catalog, package, root, optional)
+    assert refused.status == "refused" and refused.changes == []
+    assert any(reason.startswith(f"{target}: edited outside our patch sites") for reason in refused.reasons)
+    assert snapshot(root) == before
+
+
+def test_vllm_033_refuses_ck_int8_gemm_naming_each_site(catalog, tmp_path):
+    from tests.unit.patches.conftest import copy_real_subset
+    root = copy_real_subset(catalog, "vllm==0.33.0", "vllm", tmp_path)
+    plan = plan_for(catalog, "vllm", root, ["vllm-ck-int8-gemm"])
+    assert plan.status == "refused"
+    text = "\n".join(plan.reasons)
+    assert "vllm 0.33.0: set vllm-ck-int8-gemm: no variant matches" in text
+    assert "vllm/_aiter_ops.py: site register-ops: expected the anchor 1x, found 0 unpatched and 0 patched" in text
