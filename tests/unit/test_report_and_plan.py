@@ -1,0 +1,123 @@
+"""The cluster report, step decisions from a probe, deterministic archives and the host lock."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from cdna2.archive import tree_archive
+from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
+from cdna2.plan import FAIL, PROCEED, SKIP, arch_skip_reason, kernels_decision, target_env_error
+from cdna2.report import FAILED, RunReport, summarise_probe
+
+MI210 = {"arch": "gfx90a", "marketing_name": "AMD Instinct MI210", "compute_units": 104, "chip_id": "0x740f"}
+MI300X = {"arch": "gfx942", "marketing_name": "AMD Instinct MI300X", "compute_units": 304, "chip_id": "0x74a1"}
+
+
+def probe_of(agents: list[dict]) -> dict:
+    arches = sorted({agent["arch"] for agent in agents})
+    probe = {
+        "os": {"hostname": "node01"},
+        "python": {"path": "/opt/venv/bin/python", "target": "/opt/venv/bin/python", "version": "3.11.7",
+                   "is_target": True},
+        "rocm": {"version": "6.4.3", "source": "/opt/rocm/.info/version"},
+        "gpu": {"agents": agents, "arches": arches, "arch": arches[0] if len(arches) == 1 else None},
+        "distributions": {"amd-aiter": {"version": "0.1.7.post2.dev18"}, "torch": None,
+                          "triton": {"version": "3.7.0"}, "vllm": None},
+        "aiter": {"hsa_root": "/x/aiter_meta/hsa", "gfx942_record_digest": "ab" * 32, "gfx942_record_files": 1326,
+                  "gfx942_on_disk": True, "gfx90a_digest": None},
+        "errors": [],
+    }
+    return probe
+
+
+def test_gfx90a_host_proceeds_and_others_are_left_alone_with_reason() -> None:
+    assert kernels_decision(probe_of([MI210, MI210]), True)[0] == PROCEED
+    decision, why = kernels_decision(probe_of([MI300X]), True)
+    assert decision == SKIP and "gfx942 (AMD Instinct MI300X)" in why and "left alone" in why
+    assert "mixed GPU arches gfx90a, gfx942" in arch_skip_reason(probe_of([MI210, MI300X]))
+    assert "no GPU agent" in arch_skip_reason(probe_of([]))
+    assert kernels_decision(probe_of([MI210]), False) == (SKIP, "translate_kernels is off for this host")
+
+
+def test_kernels_fail_without_aiter_or_with_missing_tree() -> None:
+    decision, why = kernels_decision(_without_aiter(probe_of([MI210])), True)
+    assert decision == FAIL and "amd-aiter is not installed" in why
+    probe = probe_of([MI210])
+    probe["aiter"]["gfx942_on_disk"] = False
+    decision, why = kernels_decision(probe, True)
+    assert decision == FAIL and "reinstall amd-aiter" in why
+
+
+def _without_aiter(probe: dict) -> dict:
+    probe = copy.deepcopy(probe)
+    probe["distributions"]["amd-aiter"] = None
+    return probe
+
+
+def test_missing_target_env_is_an_error_naming_the_key() -> None:
+    probe = probe_of([MI210])
+    assert target_env_error(probe) is None
+    probe["python"]["is_target"] = False
+    assert "`target_python`" in target_env_error(probe)
+
+
+def test_report_rows_json_and_markdown(tmp_path: Path) -> None:
+    report = RunReport(mode="deploy", inventory="inventory/sim.py")
+    summarise_probe(report.host("mi210-a"), probe_of([MI210, MI210]))
+    report.step("mi210-a", "kernels", "changed", "112 kernels")
+    report.host("mi210-a").changes.append("kernels: hsa/gfx90a holds the translated tree")
+    summarise_probe(report.host("mi300x-c"), probe_of([MI300X]))
+    report.step("mi300x-c", "kernels", "skipped", "GPU arch gfx942 | MI300X")
+    report.host("dead").connected = False
+    json_path, markdown_path = report.write(tmp_path)
+    written = json.loads(json_path.read_text())
+    assert written["failed_hosts"] == ["dead"]
+    assert [row["status"] for row in written["hosts"]] == ["ok", "ok", FAILED]
+    assert written["hosts"][0]["gpus"] == ["AMD Instinct MI210 (104 CU, 0x740f)"] * 2
+    markdown = markdown_path.read_text()
+    assert "| mi210-a | ok | 6.4.3 | gfx90a | 0.1.7.post2.dev18 | - | 3.7.0 | - | changed: 112 kernels |" in markdown
+    assert "GPU arch gfx942 \\| MI300X" in markdown, "a pipe inside a cell must be escaped"
+    assert (tmp_path / "latest.md").read_text() == markdown
+
+
+def test_tree_archive_is_deterministic(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "a.co").write_bytes(b"a")
+    (tree / "run.sh").write_bytes(b"#!/bin/sh\n")
+    (tree / "run.sh").chmod(0o755)
+    first = hashlib.sha256(tree_archive(tree, tmp_path / "1.tar.gz").read_bytes()).hexdigest()
+    time.sleep(1.1)
+    (tree / "sub" / "a.co").touch()  # a new mtime must not change the archive
+    second = hashlib.sha256(tree_archive(tree, tmp_path / "2.tar.gz").read_bytes()).hexdigest()
+    assert first == second
+
+
+def _hold_lock(state_dir: str, ready, release) -> None:
+    with host_lock(Path(state_dir)):
+        ready.set()
+        release.wait(10)
+
+
+def test_host_lock_refuses_a_second_holder_and_names_the_first(tmp_path: Path) -> None:
+    ready, release = multiprocessing.Event(), multiprocessing.Event()
+    holder = multiprocessing.Process(target=_hold_lock, args=(str(tmp_path), ready, release))
+    holder.start()
+    try:
+        assert ready.wait(10)
+        with pytest.raises(HostLockedError, match=rf"held by pid {holder.pid} since"):
+            with host_lock(tmp_path, wait_seconds=0.3):
+                pass
+    finally:
+        release.set()
+        holder.join(10)
+    with host_lock(tmp_path):
+        update_state(tmp_path, "kernels", {"digest": "d"})
+    assert read_state(tmp_path)["kernels"] == {"digest": "d"}
