@@ -1,12 +1,12 @@
 """Provision MI210 (gfx90a) nodes so that AITER, and vLLM on top of it, serve from the hand-written ASM kernels.
 
-    pyinfra inventory/lab.py deploy.py --dry    # preview every change
+    pyinfra inventory/lab.py deploy.py --dry    # preview every change, patches as diffs
     pyinfra -y inventory/lab.py deploy.py       # apply
 
-The play, top to bottom: validate every host's data, probe each host once, install this tool's host agent, then
-install and pin the wheels, install the translated kernels, patch the arch gates and prove the result; the cluster
-report is written when the run ends. pyinfra runs this file once per host; every decision below is taken from
-that host's probe.
+The play, top to bottom: validate every host's data and this tool's own data files, probe each host once,
+install the host agent, then install and pin the wheels, install the translated kernels and patch the arch
+gates; the cluster report is written when the run ends. pyinfra runs this file once per host; every decision
+below is taken from that host's probe.
 """
 
 # pyinfra runs this module as a file, not as a package module: imports are absolute from the repository root.
@@ -15,24 +15,30 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
-from cdna2.plan import FAIL, PROCEED, kernels_decision, target_env_error
+from cdna2.patches import plan_package
+from cdna2.plan import FAIL, PROCEED, arch_skip_reason, kernels_decision, target_env_error
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import HostProbe
 from operations.kernels import translated_kernels, translated_tree_for
-from operations.preflight import validate_inventory
+from operations.patches import patched_package, probe_files
+from operations.preflight import load_data_files, validate_inventory
 from operations.report import RunRecorder
+from operations.wheels import packages as wheel_packages
 
 report = RunRecorder.install(state, mode="deploy").report
 data = host.data
 
-# 1. Validate the data of every host first: one misspelt key anywhere and no host is touched.
+# 1. Validate first: every host's data, then the patch sets and the wheel matrix. One error anywhere and no host
+#    is touched.
 validate_inventory(inventory)
+catalog, wheel_plan_for = load_data_files(data)
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
-                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
+                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+                      patch_files={package: catalog.target_files(package) for package in catalog.packages()})
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 
@@ -44,19 +50,39 @@ else:
     report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
 
     # 3. The host agent first: the later steps run their on-host halves from it.
-    bundle = current_agent_bundle()
-    agent_installed(name="agent: host-side modules are current", bundle=bundle, state_dir=data.state_dir,
-                    installed_digest=probe["agent"]["digest"])
+    agent_installed(name="agent: host-side modules are current", bundle=current_agent_bundle(),
+                    state_dir=data.state_dir, installed_digest=probe["agent"]["digest"])
 
-    # 4. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
+    # 4. Wheels before kernels and patches: those work on the AITER and vLLM that end up installed.
+    aiter_reinstalled = False
+    if data.install_wheels:
+        wheel_plan = wheel_plan_for(probe)
+        actions = getattr(wheel_plan, "actions", None)
+        aiter_reinstalled = any(action.package == "amd-aiter" for action in actions or ())
+        if actions is None:
+            report.step(host.name, "wheels", FAILED, str(wheel_plan))
+        else:
+            report.step(host.name, "wheels", PLANNED if actions else UNCHANGED,
+                        "; ".join(action.requirement for action in actions) or "as planned")
+        wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan)
+    else:
+        report.step(host.name, "wheels", SKIPPED, "install_wheels is off for this host")
+
+    # The probe describes the AITER found before this run; a reinstalled one is translated and patched next run.
+    stale = "amd-aiter is (re)installed by this run: run the deploy again to translate and patch it"
+
+    # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
     decision, why = kernels_decision(probe, data.translate_kernels)
-    if decision == PROCEED:
+    if decision == PROCEED and aiter_reinstalled:
+        report.step(host.name, "kernels", SKIPPED, stale)
+    elif decision == PROCEED:
         tree = translated_tree_for(host, probe)
         installed = probe["aiter"]["gfx90a_digest"]
         report.step(host.name, "kernels", UNCHANGED if installed == tree.digest else PLANNED,
                     f"{tree.kernels} kernels, tree {tree.digest[:12]}")
         translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
                            hsa_root=probe["aiter"]["hsa_root"], installed_digest=installed,
+                           site_packages=probe["distributions"]["amd-aiter"]["location"],
                            target_python=data.target_python, state_dir=data.state_dir)
     elif decision == FAIL:
         report.step(host.name, "kernels", FAILED, why)
@@ -64,3 +90,21 @@ else:
                                message=f"{host.name}: {why}")
     else:
         report.step(host.name, "kernels", SKIPPED, why)
+
+    # 6. Patches: per package, the sets that match the installed text, all or nothing.
+    skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
+    for package in host.loop(catalog.packages()):
+        found = probe["distributions"].get(package)
+        if found is None:
+            continue
+        step = f"patches {package}"
+        if skip_patches or (package == "amd-aiter" and aiter_reinstalled):
+            report.step(host.name, step, SKIPPED, skip_patches or stale)
+            continue
+        files, record = probe_files(probe, package)
+        plan = plan_package(catalog, package, found["version"], files, record, data.optional_patch_sets)
+        report.host(host.name).details[step] = plan.to_json()
+        status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
+        report.step(host.name, step, status, ", ".join(plan.sets) or "; ".join(plan.reasons))
+        patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
+                        target_python=data.target_python, state_dir=data.state_dir)

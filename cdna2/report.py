@@ -44,6 +44,7 @@ class HostRow:
     changes: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)  # per step, machine-readable (patch plans with diffs)
     connected: bool = True
 
     @property
@@ -127,7 +128,8 @@ class RunReport:
 
 
 # Report columns follow the deploy's order of steps.
-STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches", "smoke", "verify", "rollback"]
+STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "smoke", "verify",
+              "rollback"]
 
 
 def _escape(cell: str) -> str:

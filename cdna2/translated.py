@@ -16,11 +16,18 @@ import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
+import jsonschema
+import yaml
+
 from cdna2.archive import tree_archive
 from cdna2.host.probe import tree_digest
+
+ADAPTATIONS_FILE = "gfx90a-tree.yaml"
 
 
 class KernelSourceError(RuntimeError):
@@ -35,6 +42,44 @@ class TranslatedTree:
     archive_sha256: str
     kernels: int
     report: dict
+    adaptations: tuple[str, ...]  # ids of the gfx90a-tree adaptations applied
+    invalidates: tuple[str, ...]  # JIT outputs built from the tree's non-kernel files, to remove when it changes
+
+
+@cache
+def load_adaptations() -> list[dict]:
+    """cdna2/data/gfx90a-tree.yaml, validated against its schema at load."""
+    source = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE)
+    document = yaml.safe_load(source.read_text())
+    schema = json.loads(resources.files("cdna2").joinpath("schemas", "gfx90a-tree-1.0.json").read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document), key=lambda e: list(e.path))
+    if errors:
+        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].absolute_path)
+        raise KernelSourceError(f"{source}: {where}: {errors[0].message}")
+    return document["adaptations"]
+
+
+def adapt_tree(tree: Path, adaptations: list[dict]) -> list[dict]:
+    """Apply each adaptation whose anchor the tree holds exactly ``count`` times; return those applied.
+
+    An anchor found a different number of times is an error (the text moved: never guess); a file without the
+    anchor or without the file is a tree the adaptation does not concern.
+    """
+    applied = []
+    for adaptation in adaptations:
+        path = tree / adaptation["file"]
+        if not path.is_file():
+            continue
+        text = path.read_text()
+        found = text.count(adaptation["anchor"])
+        if adaptation["marker"] in text or found == 0:
+            continue
+        if found != adaptation["count"]:
+            raise KernelSourceError(f"{path}: adaptation {adaptation['id']}: anchor found {found} times, expected "
+                                    f"{adaptation['count']}; update cdna2/data/{ADAPTATIONS_FILE} for this AITER")
+        path.write_text(text.replace(adaptation["anchor"], adaptation["replacement"]))
+        applied.append(adaptation)
+    return applied
 
 
 def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Path:
@@ -77,6 +122,7 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
         raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]} failed "
                                 f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}")
     report = json.loads(report_path.read_text())
+    applied = adapt_tree(out_dir / "gfx90a", load_adaptations())
     digest = tree_digest(out_dir / "gfx90a")
     archive = cache / "archives" / f"gfx90a-{digest[:32]}.tar.gz"
     if not archive.exists():
@@ -85,4 +131,6 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
         source_digest=source_digest, digest=digest, archive=archive,
         archive_sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
         kernels=sum(1 for _ in (out_dir / "gfx90a").rglob("*.co")), report=report,
+        adaptations=tuple(a["id"] for a in applied),
+        invalidates=tuple(sorted({pattern for a in applied for pattern in a["invalidates"]})),
     )

@@ -17,7 +17,7 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
@@ -112,7 +112,7 @@ class WheelPlan:
     matrix_path: Path
     entry_version: str
     sources: tuple[str, ...]  # the pip arguments that name every source the plan installs from
-    actions: tuple[PipAction, ...] = field(default=())
+    actions: tuple[PipAction, ...] = ()
 
     def __str__(self) -> str:
         # pyinfra names an unnamed operation after its arguments: keep that line short.

@@ -91,9 +91,20 @@ def plan_host(index: int, subnet: str) -> PlannedHost:
     return PlannedHost(index=index, name=f"{kind.group}-{_letters(index)}", kind=kind, address=f"{subnet}.{index + 1}")
 
 
-def plan_hosts(count: int, subnet: str) -> list[PlannedHost]:
+def check_subnet(subnet: str) -> None:
+    """Hosts must stay on loopback: 127.B.C, so host i is 127.B.C.<i+1>."""
+    octets = subnet.split(".")
+    if len(octets) != 3 or octets[0] != "127" or not all(o.isdigit() and int(o) <= 255 for o in octets):
+        raise ValueError(f"subnet {subnet!r} is not a loopback /24 prefix like {DEFAULT_SUBNET}")
+
+
+def check_host_count(count: int) -> None:
     if not 1 <= count <= MAX_HOSTS:
         raise ValueError(f"a lab has 1 to {MAX_HOSTS} hosts (one loopback address each), not {count}")
+
+
+def plan_hosts(count: int, subnet: str) -> list[PlannedHost]:
+    check_host_count(count)
     return [plan_host(index, subnet) for index in range(count)]
 
 

@@ -131,7 +131,7 @@ def lab_locked(paths: LabPaths) -> Iterator[None]:
 
 # --- processes ----------------------------------------------------------------------------------------------------
 
-def _process_state(pid: int) -> str | None:
+def process_state(pid: int) -> str | None:
     """The one-letter state from /proc/<pid>/stat, or None if there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -148,7 +148,7 @@ def is_lab_sshd(pid: int, sshd_config: str) -> bool:
         title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return executable == SSHD and f" -f {sshd_config} " in f" {title} " and _process_state(pid) not in (None, "Z")
+    return executable == SSHD and f" -f {sshd_config} " in f" {title} " and process_state(pid) not in (None, "Z")
 
 
 def _children_by_parent() -> dict[int, list[int]]:
@@ -186,7 +186,7 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
         except ChildProcessError:
             # Started by an earlier `./lab/up` process, long gone: the host was re-parented to init, which reaps
             # it on its own schedule (seconds, on this machine), so an exited zombie counts as stopped.
-            if _process_state(pid) in (None, "Z"):
+            if process_state(pid) in (None, "Z"):
                 return True
         time.sleep(0.05)
     return False
@@ -203,7 +203,7 @@ def stop_host(host: dict) -> str:
     """Stop one host's sshd (by its recorded pid) and its sessions. Returns what happened, for the report."""
     pid = host["pid"]
     if not is_lab_sshd(pid, host["sshd_config"]):
-        if _process_state(pid) in (None, "Z"):
+        if process_state(pid) in (None, "Z"):
             return "not running"
         return f"pid {pid} is no longer this host's sshd; left alone"
     sessions = descendants(pid)
@@ -381,6 +381,9 @@ def up(paths: LabPaths, count: int, subnet: str | None) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
     check_lab_dir_outside_binds(paths)
+    kinds.check_host_count(count)
+    if subnet is not None:
+        kinds.check_subnet(subnet)
     with lab_locked(paths):
         lab = load_lab(paths)
         if lab is not None and subnet is not None and lab["subnet"] != subnet:
@@ -411,8 +414,10 @@ def down(paths: LabPaths) -> dict:
     with lab_locked(paths):
         lab = load_lab(paths)
         if lab is None:
-            shutil.rmtree(paths.root, ignore_errors=True)  # leftovers of an up that never started a host
-            return {"stopped": [], "removed": str(paths.root)}
+            if paths.root.exists():  # leftovers of an up that failed before it started any host
+                shutil.rmtree(paths.root)
+            progress(f"no lab recorded in {paths.state_file}; nothing to stop")
+            return {"stopped": {}, "removed": str(paths.root)}
         outcomes = {}
         for host in lab["hosts"]:
             outcomes[host["name"]] = {"pid": host["pid"], "result": stop_host(host)}
@@ -518,7 +523,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    paths = LabPaths.default()
+    try:
+        return run(args, LabPaths.default())
+    except (RuntimeError, ValueError, subprocess.CalledProcessError) as error:
+        print(f"lab: {args.command} failed: {error}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace, paths: LabPaths) -> int:
     if args.command == "up":
         started = time.monotonic()
         lab = up(paths, args.count, args.subnet)

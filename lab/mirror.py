@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser("build", help="(re)build the mirror from the wheelhouse cache")
     build_parser.add_argument("--rocm", action="append", default=None,
-                              help="a ROCm version (major.minor) for the lab matrix (repeatable; default: the lab kinds')")
+                              help="a ROCm version (major.minor) of the lab matrix (repeatable; default: the kinds')")
     serve_parser = commands.add_parser("serve", help="serve the mirror's PEP 503 index on a loopback address")
     serve_parser.add_argument("--address", default="127.0.0.1")
     serve_parser.add_argument("--port", type=int, default=0, help="0 picks a free port")

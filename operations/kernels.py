@@ -50,14 +50,15 @@ def translated_tree_for(source_host: Host, probe: dict) -> TranslatedTree:
 
 
 @operation()
-def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: str | None, target_python: str,
-                       state_dir: str):
+def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: str | None, site_packages: str,
+                       target_python: str, state_dir: str):
     """
     Install the translated gfx90a kernel tree as ``<hsa_root>/gfx90a``.
 
     + tree: the translated tree (archive, its checksum, the tree digest) built on the controller
     + hsa_root: AITER's ``hsa`` directory on the host, from the probe
     + installed_digest: digest of the host's current ``hsa/gfx90a`` from the probe (None when absent)
+    + site_packages: the directory holding AITER on the host (its JIT outputs are under ``aiter/jit``)
     + target_python: interpreter that runs the host agent
     + state_dir: the tool's state directory on the host (staging and state record)
 
@@ -65,7 +66,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
         The archive is uploaded into ``<state_dir>/staging``, checked against its checksum, unpacked beside
         ``hsa/``, checked against the tree digest, and only then exchanged with ``hsa/gfx90a`` in one rename;
         the previous tree stays as ``hsa/.gfx90a.previous``. Nothing is uploaded when the installed tree
-        already has the digest.
+        already has the digest. After a swap, the JIT modules built from the tree's loaders are removed.
 
     **Example:**
 
@@ -76,6 +77,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
             tree=translated_tree_for(host, probe),
             hsa_root=probe["aiter"]["hsa_root"],
             installed_digest=probe["aiter"]["gfx90a_digest"],
+            site_packages="/opt/venv/lib/python3.11/site-packages",
             target_python="/opt/venv/bin/python",
             state_dir="/var/lib/cdna2",
         )
@@ -92,3 +94,5 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
     yield agent_command(target_python, state_dir, "kernels", "install", "--archive", remote_archive,
                         "--sha256", tree.archive_sha256, "--digest", tree.digest,
                         "--hsa-root", hsa_root, "--state-dir", state_dir)
+    if tree.invalidates:
+        yield agent_command(target_python, state_dir, "jit", "--root", site_packages, *tree.invalidates)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Callable
+
 from pyinfra.api import Inventory
 from pyinfra.api.exceptions import PyinfraError
 
 from cdna2.hostdata import HostDataError, validate_hosts
+from cdna2.patches import Catalog, PatchDataError, load_catalog
+from cdna2.wheels import Matrix, MatrixError, WheelPlan, WheelPlanError, load_matrix, pins_from_host_data, plan_wheels
 
 
 def validate_inventory(inventory: Inventory) -> None:
@@ -14,3 +19,34 @@ def validate_inventory(inventory: Inventory) -> None:
         validate_hosts((host.name, host.data.dict()) for host in inventory)
     except HostDataError as error:
         raise PyinfraError(str(error)) from error
+
+
+@cache
+def _catalog() -> Catalog:
+    return load_catalog()
+
+
+@cache
+def _matrix(path: str | None) -> Matrix:
+    return load_matrix(path)
+
+
+def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPlanError]]:
+    """The patch catalog and this host's wheel planner, with their YAML validated before anything changes.
+
+    A broken data file stops the run for every host. A plan that cannot be made for one host (its ROCm is not in
+    the matrix, say) is returned as the error, for the wheels operation to fail that host alone.
+    """
+    try:
+        catalog, matrix = _catalog(), _matrix(data.wheel_matrix)
+    except (PatchDataError, MatrixError) as error:
+        raise PyinfraError(f"invalid data file, no host was changed: {error}") from error
+
+    def wheel_plan_for(probe: dict) -> WheelPlan | WheelPlanError:
+        try:
+            return plan_wheels(matrix, probe, pins=pins_from_host_data(data.dict()), index_url=data.wheel_index_url,
+                               find_links=data.wheel_find_links, install_vllm=data.install_vllm)
+        except WheelPlanError as error:
+            return error
+
+    return catalog, wheel_plan_for

@@ -7,6 +7,7 @@ fed by a state callback (operation results, connection errors) and written by an
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from pyinfra.api.state import BaseStateCallback, State, StateStage
 
 from cdna2.report import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
 
-REPORT_DIR = Path("reports")
+# Where reports go: reports/ under the directory pyinfra runs in, unless CDNA2_REPORT_DIR says otherwise.
+def report_dir() -> Path:
+    return Path(os.environ.get("CDNA2_REPORT_DIR") or "reports")
 
 
 # pyinfra CLI options that take a value, so that the value is not mistaken for the inventory argument.
@@ -92,6 +95,6 @@ class RunRecorder(BaseStateCallback):
             row = self.report.host(host.name)
             if row.status != FAILED:
                 row.errors.append("failed (see the pyinfra output above)")
-        json_path, markdown_path = self.report.write(REPORT_DIR)
+        json_path, markdown_path = self.report.write(report_dir())
         print("\n" + self.report.to_markdown(), file=sys.stderr)
         logger.info(f"--> Report written to {markdown_path} and {json_path}")

@@ -4,27 +4,13 @@ from __future__ import annotations
 
 from importlib import resources
 
-from pyinfra import host, logger, state
-from pyinfra.api import FunctionCommand, OperationTypeError, QuoteString, StringCommand, operation
+from pyinfra import host, logger
+from pyinfra.api import OperationTypeError, QuoteString, StringCommand, operation
 
 from cdna2.wheels import WheelPlan, WheelPlanError
+from operations.util import fail_host_command, first_pass
 
 IMPORTCHECK_SOURCE = resources.files("cdna2").joinpath("host", "importcheck.py").read_text()
-
-
-def _first_pass() -> bool:
-    """Whether this is the first time the operation body runs in this invocation of pyinfra.
-
-    Without -y the body runs at prepare (which is all of --dry) and again at execute; with -y only at execute.
-    The pip plan is logged on the first pass only, so --dry shows it and a real run shows it once.
-    """
-    return state.is_executing != state.should_check_for_changes()
-
-
-def _refuse(state, host, message: str) -> bool:
-    """Fail this host at execute time with the planner's message; other hosts go on."""
-    host.log_styled(f"wheels: {message}", fg="red", log_func=logger.error)
-    return False
 
 
 def import_check_command(python: str) -> StringCommand:
@@ -70,9 +56,9 @@ def packages(plan: WheelPlan | WheelPlanError):
         )
     """
     if isinstance(plan, WheelPlanError):
-        if _first_pass():
+        if first_pass():
             host.log_styled(f"wheels: will fail: {plan}", fg="red", log_func=logger.warning)
-        yield FunctionCommand(_refuse, (str(plan),), {})
+        yield fail_host_command(f"wheels: {plan}")
         return
     if not isinstance(plan, WheelPlan):
         raise OperationTypeError(f"`plan` must be a WheelPlan or WheelPlanError, not {type(plan).__name__}")
@@ -81,7 +67,7 @@ def packages(plan: WheelPlan | WheelPlanError):
         host.noop(f"wheels of {plan.python} already match {plan.matrix_path} (ROCm {plan.entry_version})")
         return
 
-    if _first_pass():
+    if first_pass():
         for number, action in enumerate(plan.actions, 1):
             logger.info(f"{host.print_prefix}wheels: {number}. {action.description}")
             logger.info(f"{host.print_prefix}wheels:    {StringCommand(*map(QuoteString, action.argv))}")

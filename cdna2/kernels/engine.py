@@ -68,47 +68,42 @@ def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[t
             if code_object.mach != elf.MACH_GFX942:
                 results.append((relpath, "skipped", f"ELF machine is {code_object.mach_name}, not gfx942"))
                 continue
-            chunks = isa.split_instructions(elf.text_of(data, code_object))
+            unique = set(isa.split_instructions(elf.text_of(data, code_object)))
         except (elf.ElfError, isa.SplitError) as error:
             results.append((relpath, "error", str(error)))
             continue
-        ids = array("I")
-        for chunk in set(chunks):
-            index = index_of.get(chunk)
-            if index is None:
-                index = index_of[chunk] = len(table)
-                table.append(chunk)
-            ids.append(index)
-        results.append((relpath, "ok", ids))
+        for chunk in unique.difference(index_of):
+            index_of[chunk] = len(table)
+            table.append(chunk)
+        results.append((relpath, "ok", array("I", map(index_of.__getitem__, unique))))
     return table, results
 
 
 # --- stage 4: write and prove (runs in worker processes) ------------------------------------------------------------
 
-_expected: dict[bytes, tuple[str, bytes]] = {}
+def objdump_words(encoding: bytes) -> str:
+    """An encoding as llvm-objdump prints it: 32-bit words in upper-case hex, separated by spaces."""
+    return " ".join(f"{int.from_bytes(encoding[i:i + 4], 'little'):08X}" for i in range(0, len(encoding), 4))
 
 
-def _init_writer(expected: dict[bytes, tuple[str, bytes]]) -> None:
-    global _expected
-    _expected = expected
-
-
-def _patch(data: bytearray, code_object: elf.CodeObject) -> tuple[int, list[tuple[int, str, bytes]]]:
+def _patch(data: bytearray, code_object: elf.CodeObject,
+           expected: dict[bytes, tuple[str, bytes, str]]) -> tuple[int, list[tuple[int, str, str]]]:
     """Re-encode in place; returns the number of patched instructions and the expected gfx90a listing."""
     offset, patched, listing = code_object.text_offset, 0, []
+    address_delta = code_object.text_address - code_object.text_offset
     for chunk in isa.split_instructions(elf.text_of(bytes(data), code_object)):
-        text, new = _expected[chunk]
+        text, new, words = expected[chunk]
         if new != chunk:
             if bytes(data[offset:offset + len(chunk)]) != chunk or len(new) != len(chunk):
                 raise elf.ElfError(f"byte mismatch at file offset {offset:#x}: refusing to patch")
             data[offset:offset + len(chunk)] = new
             patched += 1
-        listing.append((code_object.text_address + offset - code_object.text_offset, text, new))
+        listing.append((offset + address_delta, text, words))
         offset += len(chunk)
     return patched, listing
 
 
-def _same_instruction(expected: tuple[int, str, bytes], actual: tuple[int, str, bytes]) -> bool:
+def _same_instruction(expected: tuple[int, str, str], actual: tuple[int, str, str]) -> bool:
     if expected == actual:
         return True
     address, text, encoding = expected
@@ -118,11 +113,11 @@ def _same_instruction(expected: tuple[int, str, bytes], actual: tuple[int, str, 
             and isa.mnemonic(text).startswith(BRANCH_PREFIXES))
 
 
-def _prove(expected: list[tuple[int, str, bytes]], actual: list[tuple[int, str, bytes]]) -> str | None:
+def _prove(expected: list[tuple[int, str, str]], actual: list[tuple[int, str, str]]) -> str | None:
     for index, (want, got) in enumerate(zip(expected, actual)):
         if not _same_instruction(want, got):
-            return (f"instruction {index} at {want[0]:#x}: expected {want[1]!r} [{want[2].hex()}], "
-                    f"gfx90a disassembly says {got[1]!r} [{got[2].hex()}] at {got[0]:#x}")
+            return (f"instruction {index} at {want[0]:#x}: expected {want[1]!r} [{want[2]}], "
+                    f"gfx90a disassembly says {got[1]!r} [{got[2]}] at {got[0]:#x}")
     if len(expected) != len(actual):
         return f"gfx90a disassembly has {len(actual)} instructions, the gfx942 listing {len(expected)}"
     return None
@@ -134,8 +129,8 @@ def _check_target(notes: str) -> str | None:
     return None
 
 
-def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str,
-                 relpaths: list[str]) -> list[tuple[str, int, str | None]]:
+def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
+                 expected: dict[bytes, tuple[str, bytes, str]]) -> list[tuple[str, int, str | None]]:
     """Write each kernel into staging and prove it; returns (relpath, patched instructions, error or None)."""
     listings, written, results = {}, [], []
     for relpath in relpaths:
@@ -143,7 +138,7 @@ def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str,
         data = bytearray(source.read_bytes())
         code_object = elf.read_code_object(bytes(data))
         try:
-            patched, listing = _patch(data, code_object)
+            patched, listing = _patch(data, code_object, expected)
         except elf.ElfError as error:
             results.append((relpath, 0, str(error)))
             continue
@@ -173,39 +168,54 @@ class Analysis:
     """Per-kernel verdicts for one source tree."""
 
     def __init__(self) -> None:
-        self.files: dict[str, tuple[str, object]] = {}  # relpath -> ("ok", gids) | ("error"/"skipped", why)
-        self.chunks: list[bytes] = []
-        self.reasons: list[str | None] = []  # per gid: why it blocks, or None
-        self.texts: list[str | None] = []  # per gid: gfx942 text
-        self.expected: dict[bytes, tuple[str, bytes]] = {}  # chunk -> (gfx90a text, gfx90a bytes)
+        self.files: dict[str, tuple[str, object]] = {}  # relpath -> ("ok", gid array) | ("error"/"skipped", why)
+        self.chunks: list[bytes] = []  # gid -> distinct instruction bytes
+        self.texts: list[str | None] = []  # gid -> gfx942 text (None: LLVM does not decode it)
+        self.reasons: dict[int, str] = {}  # gid -> why it blocks
+        self.expected: dict[int, tuple[str, bytes, str]] = {}  # gid -> gfx90a (text, bytes, objdump words)
         self.durations: dict[str, float] = {}
 
     def blockers(self, relpath: str) -> list[int]:
-        return sorted((g for g in self.files[relpath][1] if self.reasons[g]), key=lambda g: self.texts[g] or "")
+        return sorted(self.reasons.keys() & set(self.files[relpath][1]), key=lambda g: self.texts[g] or "")
+
+    def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[str, bytes, str]]:
+        gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
+        return {self.chunks[gid]: self.expected[gid] for gid in gids}
 
 
-def _pool(jobs: int, **kwargs) -> ProcessPoolExecutor:
+def _balanced(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
+    """Deal files into `count` batches of about equal total size, largest first (each batch sorted)."""
+    groups: list[list[str]] = [[] for _ in range(max(1, min(count, len(relpaths))))]
+    loads = [0] * len(groups)
+    for relpath in sorted(relpaths, key=lambda r: -(root / r).stat().st_size):
+        lightest = loads.index(min(loads))
+        groups[lightest].append(relpath)
+        loads[lightest] += (root / relpath).stat().st_size
+    return [sorted(group) for group in groups if group]
+
+
+def _pool(jobs: int) -> ProcessPoolExecutor:
     # spawn, not fork: the engine also runs inside pyinfra (gevent), where forking a live hub is unsafe.
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), **kwargs)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"))
 
 
-def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, progress: Progress) -> Analysis:
+def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
+             progress: Progress) -> Analysis:
     analysis = Analysis()
     started = time.monotonic()
     progress(f"scanning {len(kernels)} code objects with {jobs} processes")
     gid_of: dict[bytes, int] = {}
-    with _pool(jobs) as pool:
-        groups = llvm.batches(kernels, jobs * 4, minimum=16)
-        for table, results in pool.map(_scan_batch, [str(src)] * len(groups), groups):
-            local = []
-            for chunk in table:
-                gid = gid_of.get(chunk)
-                if gid is None:
-                    gid = gid_of[chunk] = len(analysis.chunks)
-                    analysis.chunks.append(chunk)
-                local.append(gid)
-            for relpath, kind, payload in results:
-                analysis.files[relpath] = (kind, [local[i] for i in payload] if kind == "ok" else payload)
+    groups = _balanced(src, kernels, jobs * 4)
+    for table, results in pool.map(_scan_batch, [str(src)] * len(groups), groups):
+        local = []
+        for chunk in table:
+            gid = gid_of.get(chunk)
+            if gid is None:
+                gid = gid_of[chunk] = len(analysis.chunks)
+                analysis.chunks.append(chunk)
+            local.append(gid)
+        for relpath, kind, payload in results:
+            analysis.files[relpath] = (kind, array("I", map(local.__getitem__, payload)) if kind == "ok" else payload)
     analysis.durations["scan"] = time.monotonic() - started
 
     started = time.monotonic()
@@ -226,22 +236,20 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
     # A rename is used only where gfx942 itself encodes the gfx90a spelling to the original bytes.
     renamed = sorted({isa.rename(t) for t in analysis.texts if t is not None and isa.rename(t) != t})
     aliases = dict(zip(renamed, llvm.assemble(tools, renamed, "gfx942", jobs)))
-    for chunk, text in zip(analysis.chunks, analysis.texts):
-        reason, target = None, None
+    for gid, (chunk, text) in enumerate(zip(analysis.chunks, analysis.texts)):
         if text is None:
-            reason = "LLVM does not decode these bytes as one gfx942 instruction"
+            analysis.reasons[gid] = "LLVM does not decode these bytes as one gfx942 instruction"
+            continue
+        target = isa.rename(text)
+        encoding, error = assembled[target]
+        if encoding is None:
+            analysis.reasons[gid] = f"not valid gfx90a: {error}"
+        elif target != text and aliases[target][0] != chunk:
+            analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
+        elif len(encoding) != len(chunk):
+            analysis.reasons[gid] = f"gfx90a encoding is {len(encoding)} bytes, the original {len(chunk)}"
         else:
-            target = isa.rename(text)
-            encoding, error = assembled[target]
-            if encoding is None:
-                reason = f"not valid gfx90a: {error}"
-            elif target != text and aliases[target][0] != chunk:
-                reason = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
-            elif len(encoding) != len(chunk):
-                reason = f"gfx90a encoding is {len(encoding)} bytes, the original {len(chunk)}"
-            else:
-                analysis.expected[chunk] = (target, encoding)
-        analysis.reasons.append(reason)
+            analysis.expected[gid] = (target, encoding, objdump_words(encoding))
 
 
 def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
@@ -311,7 +319,9 @@ def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | No
     _check_source(src)
     tools = llvm.find_llvm()
     kernel_paths, _ = _list_tree(src)
-    analysis = _analyse(src, kernel_paths, tools, jobs or os.cpu_count() or 1, progress)
+    jobs = jobs or os.cpu_count() or 1
+    with _pool(jobs) as pool:
+        analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
     kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
     return {
         "format": REPORT_FORMAT, "command": "classify", "translator_version": TRANSLATOR_VERSION,
@@ -327,17 +337,14 @@ def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | No
 # --- translate ------------------------------------------------------------------------------------------------------
 
 def _write_kernels(src: Path, staging: Path, analysis: Analysis, portable: list[str], tools: llvm.LlvmTools,
-                   jobs: int, progress: Progress) -> dict[str, tuple[int, str | None]]:
+                   jobs: int, pool: ProcessPoolExecutor, progress: Progress) -> dict[str, tuple[int, str | None]]:
     progress(f"writing and proving {len(portable)} kernels")
     results: dict[str, tuple[int, str | None]] = {}
-    if not portable:
-        return results
-    groups = llvm.batches(portable, jobs * 2, minimum=8)
-    with _pool(jobs, initializer=_init_writer, initargs=(analysis.expected,)) as pool:
-        for batch in pool.map(_write_batch, [tools] * len(groups), [str(src)] * len(groups),
-                              [str(staging)] * len(groups), groups):
-            for relpath, patched, error in batch:
-                results[relpath] = (patched, error)
+    groups = _balanced(src, portable, jobs * 3)
+    for batch in pool.map(_write_batch, [tools] * len(groups), [str(src)] * len(groups),
+                          [str(staging)] * len(groups), groups, [analysis.expected_for(g) for g in groups]):
+        for relpath, patched, error in batch:
+            results[relpath] = (patched, error)
     return results
 
 
@@ -437,15 +444,20 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             return cached
 
     kernel_paths, others = _list_tree(src)
-    analysis = _analyse(src, kernel_paths, tools, jobs, progress)
-    kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
     staging = _staging_for(dst)
-    try:
-        written_started = time.monotonic()
+    with _pool(jobs) as pool:
+        analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
+        kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
         staging.mkdir()
+        written_started = time.monotonic()
         portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
-        for relpath, (patched, error) in _write_kernels(src, staging, analysis, portable, tools, jobs,
-                                                        progress).items():
+        try:
+            outcomes = _write_kernels(src, staging, analysis, portable, tools, jobs, pool, progress)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    try:
+        for relpath, (patched, error) in outcomes.items():
             if error:
                 kernels[relpath].update(status="error", reason=f"proof failed: {error}")
             else:

@@ -97,7 +97,8 @@ def _mc(tools: LlvmTools, mcpu: str, text: str, *extra: str) -> subprocess.Compl
 
 
 def _bytes_of(encoding: str) -> bytes:
-    return bytes(int(b, 16) for b in encoding.split(",") if b)
+    """`0x01,0xff` as llvm-mc prints an encoding -> the bytes."""
+    return bytes.fromhex(encoding.replace("0x", "").replace(",", ""))
 
 
 def _decode_batch(tools: LlvmTools, mcpu: str, chunks: list[bytes]) -> list[str | None]:
@@ -147,25 +148,24 @@ def assemble(tools: LlvmTools, texts: list[str], mcpu: str, jobs: int) -> list[t
 
 
 _OBJDUMP_FILE = re.compile(r"^(.*):\s+file format \S+$")
-_OBJDUMP_INSTRUCTION = re.compile(r"^\t(.*?)\s*// ([0-9A-Fa-f]+): ((?:[0-9A-Fa-f]{8} ?)+)$")
 
 
-def objdump_listings(tools: LlvmTools, paths: list[Path], mcpu: str) -> dict[str, list[tuple[int, str, bytes]]]:
-    """llvm-objdump's (address, text, bytes) for every instruction of each file, in one call for all of them."""
+def objdump_listings(tools: LlvmTools, paths: list[Path], mcpu: str) -> dict[str, list[tuple[int, str, str]]]:
+    """llvm-objdump's (address, text, encoding words as printed) per instruction of each file, in one call."""
     result = subprocess.run([tools.tool("llvm-objdump"), "-d", f"--mcpu={mcpu}", *map(str, paths)],
                             capture_output=True, text=True)
     if result.returncode != 0:
         raise LlvmOutputError(f"llvm-objdump --mcpu={mcpu} failed: {result.stderr.strip()[-500:]}")
-    listings: dict[str, list[tuple[int, str, bytes]]] = {}
+    listings: dict[str, list[tuple[int, str, str]]] = {}
     current: list | None = None
     for line in result.stdout.splitlines():
         if line.startswith("\t"):
-            match = _OBJDUMP_INSTRUCTION.match(line)
-            if match is None or current is None:
+            # "\t<text>   // <address>: <words>"; AMDGPU instruction text never contains "//".
+            text, separator, location = line.rpartition("// ")
+            address, colon, words = location.partition(": ")
+            if not separator or not colon or current is None:
                 raise LlvmOutputError(f"unexpected llvm-objdump line: {line!r}")
-            words = match.group(3).split()
-            current.append((int(match.group(2), 16), match.group(1),
-                            b"".join(int(w, 16).to_bytes(4, "little") for w in words)))
+            current.append((int(address, 16), text.strip(), words.strip()))
         elif (header := _OBJDUMP_FILE.match(line)) is not None:
             current = listings.setdefault(header.group(1), [])
     return listings

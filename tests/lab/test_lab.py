@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab import kinds, venvs, wheelhouse
-from lab.labctl import REPO, _process_state, host_alive, ssh_argv
+from lab.labctl import REPO, process_state, host_alive, ssh_argv
 
 pytestmark = pytest.mark.lab
 
@@ -153,7 +153,7 @@ def test_down_stops_exactly_the_recorded_pids(lab, scratch_lab, run_lab_command)
     try:
         ssh(scratch_lab, host, "true")  # the session above is accepted by now
         result = run_lab_command("down", "--json", lab_dir=Path(scratch_lab["lab_dir"]))
-        assert _process_state(host["pid"]) in (None, "Z")
+        assert process_state(host["pid"]) in (None, "Z")
         assert session.wait(timeout=30) != 0
     finally:
         session.kill()
@@ -178,3 +178,16 @@ def test_changing_one_host_leaves_the_shared_template_alone(scratch_lab):
     template = venvs.template_for(kind, progress=lambda message: None)
     template_init = template / "lib" / "python3.11" / "site-packages" / "triton" / "__init__.py"
     assert "__version__ = '3.7.0'" in template_init.read_text()
+
+
+def test_up_restarts_dead_hosts_with_their_state_and_creates_missing_ones(scratch_lab, run_lab_command):
+    lab_dir = Path(scratch_lab["lab_dir"])
+    host = scratch_lab["hosts"][0]
+    ssh(scratch_lab, host, "echo kept > /var/lib/cdna2/marker")
+    os.kill(host["pid"], 15)  # the host dies (by its recorded pid; init reaps it)
+    after = json.loads(run_lab_command("up", "2", "--json", lab_dir=lab_dir).stdout)
+    restarted, created = after["hosts"]
+    assert restarted["name"] == host["name"] and restarted["pid"] != host["pid"] and host_alive(restarted)
+    assert created["name"] == "mi210-b" and host_alive(created)
+    assert ssh(after, restarted, "cat /var/lib/cdna2/marker").stdout == "kept\n"
+    assert ssh(after, created, "hostname").stdout == "mi210-b\n"

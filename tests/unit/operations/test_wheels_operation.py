@@ -95,8 +95,8 @@ def test_refused_host_fails_unchanged_while_the_others_complete(lab, caplog):
 
 
 def test_failed_import_check_fails_the_host(lab):
-    state, hosts = lab({"@fake/a": {IMPORT_CHECK: {
-        "success": False, "stderr": "importcheck: failed: SIGSEGV, exit 139, while importing triton.runtime.autotuner"}}})
+    death = "importcheck: failed: SIGSEGV, exit 139, while importing triton.runtime.autotuner"
+    state, hosts = lab({"@fake/a": {IMPORT_CHECK: {"success": False, "stderr": death}}})
     plan = plan_wheels(load_matrix(), probe(**MATCHING | {"triton": "3.7.0"}))
     add_op(state, wheels.packages, plan=plan, host=[hosts["a"]])
     run_ops(state)

@@ -17,7 +17,8 @@ import pytest
 from cdna2.host import importcheck
 
 SOURCE = Path(importcheck.__file__).read_text()
-SELF_KILL = "import os, signal, sys\nprint('dying now', file=sys.stderr, flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)\n"
+SELF_KILL = ("import os, signal, sys\nprint('dying now', file=sys.stderr, flush=True)\n"
+             "os.kill(os.getpid(), signal.SIGSEGV)\n")
 
 
 def make_venv(root: Path) -> tuple[Path, Path]:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdna2.wheels import (DEFAULT_MATRIX_PATH, Matrix, WheelPlanError, load_matrix, plan_wheels,
-                          version_satisfies)
+from cdna2.wheels import (DEFAULT_MATRIX_PATH, Matrix, WheelPlanError, load_matrix, pins_from_host_data,
+                          plan_wheels, version_satisfies)
 
 REPO = Path(__file__).resolve().parents[3]
 PYTHON = "/opt/venv/bin/python"
@@ -227,3 +227,11 @@ def test_cli_prints_the_plan_as_json(tmp_path):
                             capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert [action["requirement"] for action in json.loads(result.stdout)["actions"]] == ["triton==3.7.1"]
+
+
+def test_pins_are_read_from_host_data_keys(matrix):
+    pins = pins_from_host_data({"torch_version": "2.8.0+rocm6.4", "aiter_version": None, "install_vllm": True})
+    assert pins == {"torch_version": "2.8.0+rocm6.4", "aiter_version": None, "vllm_version": None,
+                    "triton_version": None}
+    assert [action.requirement for action in plan_wheels(matrix, matching_probe(), pins=pins).actions] == \
+        ["torch==2.8.0+rocm6.4", "triton==3.7.1"]

@@ -1,0 +1,94 @@
+"""Patch AITER's and vLLM's arch gates on a host from a plan made on the controller (cdna2.patches)."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+
+from cdna2.patches import PackagePlan
+from operations.agent import agent_command
+from operations.util import fail_host_command, first_pass
+
+
+def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dict[str, str]]:
+    """The target files' bytes and RECORD hashes of ``package`` as the probe read them."""
+    entries = probe["patch_targets"][package]["files"]
+    files = {path: gzip.decompress(base64.b64decode(entry["content"])) if entry else None
+             for path, entry in entries.items()}
+    record = {path: entry["record"] for path, entry in entries.items() if entry and entry["record"]}
+    return files, record
+
+
+def change_manifest(plan: PackagePlan, site_packages: str, state_dir: str) -> dict:
+    """The transaction cdna2.host.txn runs: each staged file sits beside its target (same filesystem)."""
+    return {
+        "root": site_packages,
+        "package": plan.package,
+        "backup_dir": f"{state_dir}/backups/{plan.package}",
+        "changes": [{"path": change.path, "expected_sha256": change.old_sha256,
+                     "staged": f"{site_packages}/{change.path}.cdna2-staged", "new_sha256": change.new_sha256}
+                    for change in plan.changes],
+        "jit_invalidations": plan.jit_invalidations,
+    }
+
+
+@operation()
+def patched_package(plan: PackagePlan, site_packages: str, target_python: str, state_dir: str):
+    """
+    Apply a package's patch plan on the host, all or nothing, and make AITER's JIT forget what it built before.
+
+    + plan: ``cdna2.patches.plan_package(...)`` for this host and package (made from the probe's file contents)
+    + site_packages: the directory holding the package on the host
+    + target_python: interpreter that runs the host agent
+    + state_dir: the tool's state directory on the host (backups of the originals, staging)
+
+    Transaction:
+        every new file is uploaded beside its target, then ``cdna2.host.txn apply`` checks every current and
+        staged hash before renaming anything, keeps the pristine originals for rollback and journals the renames,
+        so an interrupted run leaves the package either pristine or fully patched. JIT modules and build
+        directories built from the changed inputs are removed afterwards (``cdna2.host.jit``).
+
+    Dry run:
+        the unified diff of every file is logged on the first pass (all of ``--dry``).
+
+    **Example:**
+
+    .. code:: python
+
+        patched_package(
+            name="patches: vllm arch gates are open for gfx90a",
+            plan=plan_package(catalog, "vllm", "0.23.0", files, record, enabled_optional=[]),
+            site_packages="/opt/venv/lib/python3.11/site-packages",
+            target_python="/opt/venv/bin/python",
+            state_dir="/var/lib/cdna2",
+        )
+    """
+    label = f"{plan.package} {plan.installed_version}"
+    if plan.status == "patched":
+        host.noop(f"{label} already patched ({', '.join(plan.sets)})")
+        return
+    if plan.status != "apply":
+        message = f"patches: {label} refused, nothing written: " + "; ".join(plan.reasons)
+        if first_pass():
+            logger.warning(f"{host.print_prefix}{message}")
+        yield fail_host_command(message)
+        return
+    if first_pass():
+        logger.info(f"{host.print_prefix}patches: {label}: sets {', '.join(plan.sets)}, "
+                    f"{len(plan.changes)} file(s) change:")
+        for change in plan.changes:
+            logger.info(change.diff)
+    manifest = change_manifest(plan, site_packages, state_dir)
+    manifest_path = f"{state_dir}/staging/patch-{plan.package}.json"
+    yield StringCommand("mkdir", "-p", QuoteString(f"{state_dir}/staging"))
+    for change, entry in zip(plan.changes, manifest["changes"]):
+        yield FileUploadCommand(io.BytesIO(change.new_bytes), entry["staged"])
+    yield FileUploadCommand(io.BytesIO(json.dumps(manifest, indent=1).encode()), manifest_path)
+    yield agent_command(target_python, state_dir, "txn", "apply", manifest_path)
+    if plan.jit_invalidations:
+        yield agent_command(target_python, state_dir, "jit", "--root", site_packages, *plan.jit_invalidations)

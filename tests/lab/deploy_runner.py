@@ -1,0 +1,55 @@
+"""Run pyinfra against the simulated lab the way an operator does, and read what the run left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdna2.host.probe import tree_digest
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = Path(sys.executable).with_name("pyinfra")
+
+
+@dataclass
+class DeployRun:
+    returncode: int
+    output: str
+    report: dict | None
+
+    def row(self, host: str) -> dict:
+        assert self.report is not None, f"the run wrote no report:\n{self.output[-3000:]}"
+        return next(row for row in self.report["hosts"] if row["host"] == host)
+
+
+def run_pyinfra(*args: str, report_dir: Path, inventory: str = "inventory/sim.py", timeout: int = 900) -> DeployRun:
+    """``pyinfra INVENTORY ARGS`` from the repository root (where group_data/ is), reports into report_dir."""
+    environment = dict(os.environ, CDNA2_REPORT_DIR=str(report_dir), PYINFRA_PROGRESS="off")
+    result = subprocess.run([str(PYINFRA), inventory, *args], cwd=REPO, capture_output=True, text=True,
+                            env=environment, timeout=timeout, stdin=subprocess.DEVNULL)
+    latest = report_dir / "latest.json"
+    report = json.loads(latest.read_text()) if latest.exists() else None
+    if latest.exists():
+        latest.unlink()  # the next run in this directory must write its own
+    return DeployRun(result.returncode, result.stdout + result.stderr, report)
+
+
+def site_packages(lab_host: dict) -> Path:
+    venv = Path(lab_host["binds"]["/opt/venv"])
+    return next(venv.glob("lib/python3*/site-packages"))
+
+
+def host_snapshot(lab_host: dict) -> dict[str, str | None]:
+    """Digests of everything the deploy may change on a lab host, read through its bind-mount sources."""
+    site = site_packages(lab_host)
+    state = Path(lab_host["binds"]["/var/lib/cdna2"])
+    return {
+        "state": tree_digest(state) if state.exists() else None,
+        "hsa": tree_digest(site / "aiter_meta" / "hsa"),
+        "dist-info": "".join(sorted(p.name for p in site.glob("*.dist-info"))),
+        "aiter": tree_digest(site / "aiter"),
+    }

@@ -1,0 +1,103 @@
+"""End-to-end on the simulated lab: the deploy reaches every host over real SSH, validates before touching any,
+probes each in one round trip, and a second run changes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.lab.deploy_runner import REPO, host_snapshot, run_pyinfra
+
+pytestmark = pytest.mark.lab
+
+
+def accepted_logins(lab_host: dict) -> int:
+    return Path(lab_host["sshd_log"]).read_text().count("Accepted publickey for root")
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: dict, tmp_path_factory: pytest.TempPathFactory):
+    """One real deploy of the whole lab, then a second one; both runs' reports."""
+    reports = tmp_path_factory.mktemp("reports")
+    logins_before = {host["name"]: accepted_logins(host) for host in lab["hosts"]}
+    first = run_pyinfra("-y", "deploy.py", report_dir=reports)
+    second = run_pyinfra("-y", "deploy.py", report_dir=reports)
+    logins_after = {host["name"]: accepted_logins(host) for host in lab["hosts"]}
+    return first, second, logins_before, logins_after
+
+
+def test_deploy_completes_on_every_lab_host(lab: dict, deployed) -> None:
+    first, _, _, _ = deployed
+    assert first.returncode == 0, first.output[-4000:]
+    assert sorted(row["host"] for row in first.report["hosts"]) == sorted(h["name"] for h in lab["hosts"])
+    for lab_host in lab["hosts"]:
+        row = first.row(lab_host["name"])
+        assert row["status"] == "ok", row
+        assert row["hostname"] == lab_host["name"], "each host answers from its own UTS namespace"
+        assert row["rocm"] == lab_host["rocm_version"] and row["arch"] == lab_host["arch"]
+
+
+def test_each_host_sshd_accepted_the_lab_key(lab: dict, deployed) -> None:
+    _, _, before, after = deployed
+    for name in before:
+        # One authenticated connection per host per run (pyinfra keeps it open), two runs.
+        assert after[name] - before[name] == 2, f"{name}: sshd log shows {after[name] - before[name]} logins"
+
+
+def test_second_run_changes_nothing(deployed) -> None:
+    _, second, _, _ = deployed
+    assert second.returncode == 0, second.output[-4000:]
+    changed = {row["host"]: row["changes"] for row in second.report["hosts"] if row["changes"]}
+    assert changed == {}, f"the second run changed {changed}"
+    assert "No Change" in second.output
+
+
+def test_gfx942_host_is_left_alone_and_the_report_says_why(lab: dict, deployed) -> None:
+    first, _, _, _ = deployed
+    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx942"):
+        kernels = first.row(lab_host["name"])["steps"]["kernels"]
+        assert kernels["status"] == "skipped" and "gfx942" in kernels["detail"] and "left alone" in kernels["detail"]
+        assert host_snapshot(lab_host)["hsa"] is not None
+        venv_hsa = next(Path(lab_host["binds"]["/opt/venv"]).glob("lib/python3*/site-packages/aiter_meta/hsa"))
+        assert not (venv_hsa / "gfx90a").exists()
+
+
+def test_misspelt_key_on_one_host_stops_the_run_before_any_host_changes(lab: dict, tmp_path: Path) -> None:
+    victim = lab["hosts"][1]["name"]
+    inventory = tmp_path / "typo_inventory.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"lab = runpy.run_path({str(REPO / 'inventory/sim.py')!r})\n"
+        "mi210 = [(name, dict(data, targt_python='/opt/venv/bin/python') if name == "
+        f"{victim!r} else data) for name, data in lab['mi210']]\n"
+        "mi300x = lab['mi300x']\n")
+    before = {host["name"]: host_snapshot(host) for host in lab["hosts"]}
+    run = run_pyinfra("-y", "deploy.py", inventory=str(inventory), report_dir=tmp_path / "reports")
+    assert run.returncode != 0
+    assert f"host {victim}: data key `targt_python`: unknown data key (did you mean `target_python`?)" in run.output
+    assert "no host was changed" in run.output
+    assert {host["name"]: host_snapshot(host) for host in lab["hosts"]} == before
+
+
+def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
+    import subprocess
+    import sys
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("pyinfra")), "inventory/sim.py", "fact", "operations.facts.HostProbe",
+         "target_python=/opt/venv/bin/python", "rocm_root=/opt/rocm", "state_dir=/var/lib/cdna2",
+         "agent_dir=/var/lib/cdna2/agent", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (facts,) = json.loads(result.stdout).values()
+    for lab_host in lab["hosts"]:
+        probe = facts[lab_host["name"]]
+        assert probe["os"]["hostname"] == lab_host["name"]
+        assert probe["python"]["is_target"] and probe["python"]["path"] == "/opt/venv/bin/python"
+        assert probe["rocm"] == {"version": lab_host["rocm_version"], "raw": probe["rocm"]["raw"],
+                                 "source": "/opt/rocm/.info/version"}
+        assert probe["gpu"]["arch"] == lab_host["arch"] and len(probe["gpu"]["agents"]) == lab_host["gpu_count"]
+        assert probe["distributions"]["amd-aiter"]["version"] == "0.1.7.post2.dev18"
+        assert probe["aiter"]["gfx942_record_files"] == 1326
+        assert probe["errors"] == []

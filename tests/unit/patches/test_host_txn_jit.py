@@ -1,0 +1,155 @@
+"""cdna2.host.txn (all-or-nothing, crash recovery) and cdna2.host.jit (JIT outputs, stale locks)."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cdna2.host import jit, txn
+
+HOST_DIR = Path(txn.__file__).parent
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_manifest(tmp_path, count=3):
+    root, backup = tmp_path / "site", tmp_path / "backup"
+    changes = []
+    for index in range(count):
+        target = root / "pkg" / f"file{index}.py"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(f"old {index}\n".encode())
+        staged = target.with_name(f".{target.name}.staged")
+        staged.write_bytes(f"new {index}\n".encode())
+        changes.append({"path": f"pkg/file{index}.py", "expected_sha256": sha(f"old {index}\n".encode()),
+                        "staged": str(staged), "new_sha256": sha(f"new {index}\n".encode())})
+    return {"root": str(root), "package": "pkg", "backup_dir": str(backup), "changes": changes,
+            "jit_invalidations": ["aiter/jit/module_x.so"]}, root, backup
+
+
+def contents(root, count=3):
+    return [(root / "pkg" / f"file{index}.py").read_text() for index in range(count)]
+
+
+class SimulatedCrash(BaseException):
+    """Stands in for the process dying: BaseException, so nothing in txn catches it."""
+
+
+@pytest.mark.parametrize("renames_before_crash", [0, 1, 2])
+def test_crash_after_k_renames_is_completed_by_recover(tmp_path, monkeypatch, renames_before_crash):
+    manifest, root, backup = make_manifest(tmp_path)
+    real_rename, done = txn._rename, []
+
+    def crashing_rename(source, target):
+        if len(done) == renames_before_crash:
+            raise SimulatedCrash()
+        done.append(target)
+        real_rename(source, target)
+
+    monkeypatch.setattr(txn, "_rename", crashing_rename)
+    with pytest.raises(SimulatedCrash):
+        txn.apply(manifest)
+    assert (backup / "journal.json").exists()
+    k = renames_before_crash
+    assert contents(root) == [f"new {i}\n" for i in range(k)] + [f"old {i}\n" for i in range(k, 3)]
+    monkeypatch.setattr(txn, "_rename", real_rename)
+    result = txn.recover(backup)
+    assert result["recovered"] == "apply"
+    assert contents(root) == ["new 0\n", "new 1\n", "new 2\n"]
+    assert not (backup / "journal.json").exists()
+    txn.revert(backup, root)
+    assert contents(root) == ["old 0\n", "old 1\n", "old 2\n"]
+
+
+def test_stale_current_hash_refuses_before_any_write(tmp_path):
+    manifest, root, backup = make_manifest(tmp_path)
+    (root / "pkg" / "file2.py").write_text("someone else\n")
+    with pytest.raises(txn.TxnError) as raised:
+        txn.apply(manifest)
+    assert raised.value.path == "pkg/file2.py" and "re-plan" in str(raised.value)
+    assert contents(root) == ["old 0\n", "old 1\n", "someone else\n"]
+    assert not (backup / "originals").exists()
+
+
+def test_bad_staged_content_refuses(tmp_path):
+    manifest, root, _ = make_manifest(tmp_path)
+    Path(manifest["changes"][1]["staged"]).write_text("tampered\n")
+    with pytest.raises(txn.TxnError, match="staged content does not hash"):
+        txn.apply(manifest)
+    assert contents(root) == ["old 0\n", "old 1\n", "old 2\n"]
+
+
+def test_second_apply_keeps_the_first_original_and_revert_restores_it(tmp_path):
+    manifest, root, backup = make_manifest(tmp_path, count=1)
+    txn.apply(manifest)
+    staged = root / "pkg" / ".file0.py.staged"
+    staged.write_text("newer 0\n")
+    txn.apply({**manifest, "changes": [{"path": "pkg/file0.py", "expected_sha256": sha(b"new 0\n"),
+                                        "staged": str(staged), "new_sha256": sha(b"newer 0\n")}]})
+    assert (backup / "originals" / "pkg" / "file0.py").read_text() == "old 0\n"
+    result = txn.revert(backup, root)
+    assert result["jit_invalidations"] == ["aiter/jit/module_x.so"]
+    assert contents(root, 1) == ["old 0\n"]
+
+
+def test_revert_refuses_a_file_edited_after_patching(tmp_path):
+    manifest, root, backup = make_manifest(tmp_path)
+    txn.apply(manifest)
+    (root / "pkg" / "file1.py").write_text("hand edit\n")
+    with pytest.raises(txn.TxnError, match="edited after patching"):
+        txn.revert(backup, root)
+    assert contents(root) == ["new 0\n", "hand edit\n", "new 2\n"]
+
+
+def test_cli_prints_one_json_object_and_exit_codes(tmp_path):
+    manifest, root, backup = make_manifest(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    command = [sys.executable, "-m", "cdna2.host.txn"]
+    applied = subprocess.run(command + ["apply", str(tmp_path / "manifest.json")], capture_output=True, text=True,
+                             cwd=HOST_DIR.parent.parent)
+    assert applied.returncode == 0 and json.loads(applied.stdout)["ok"] is True
+    again = subprocess.run(command + ["apply", str(tmp_path / "manifest.json")], capture_output=True, text=True,
+                           cwd=HOST_DIR.parent.parent)
+    assert again.returncode == 1 and json.loads(again.stdout)["file"] == "pkg/file0.py"
+
+
+def test_jit_removes_patterns_and_only_stale_locks(tmp_path):
+    build = tmp_path / "aiter" / "jit" / "build"
+    (build / "module_fmha_v3_fwd" / "blob").mkdir(parents=True)
+    (tmp_path / "aiter" / "jit" / "module_fmha_v3_fwd.so").write_bytes(b"so")
+    (tmp_path / "aiter" / "jit" / "module_other.so").write_bytes(b"so")
+    (build / "lock_module_stale").write_bytes(b"")
+    held = build / "lock_module_held"
+    held_fd = os.open(held, os.O_CREAT | os.O_EXCL)  # what AITER's FileBaton does while it builds
+    try:
+        result = jit.invalidate(tmp_path, ["aiter/jit/module_fmha_v3_fwd.so", "aiter/jit/build/module_fmha_v3_fwd"])
+    finally:
+        os.close(held_fd)
+    assert result["removed"] == ["aiter/jit/build/module_fmha_v3_fwd", "aiter/jit/module_fmha_v3_fwd.so"]
+    assert result["stale_locks_removed"] == ["aiter/jit/build/lock_module_stale"]
+    assert result["locks_held"] == ["aiter/jit/build/lock_module_held"] and held.exists()
+    assert (tmp_path / "aiter" / "jit" / "module_other.so").exists()
+
+
+def test_jit_refuses_patterns_leaving_the_root(tmp_path):
+    with pytest.raises(ValueError, match="relative to the site-packages root"):
+        jit.invalidate(tmp_path, ["../etc/passwd"])
+
+
+@pytest.mark.parametrize("module", ["txn.py", "jit.py"])
+def test_host_modules_import_only_the_standard_library(module):
+    tree = ast.parse((HOST_DIR / module).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported - set(sys.stdlib_module_names)
