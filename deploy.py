@@ -64,6 +64,7 @@ else:
         else:
             report.step(host.name, "wheels", PLANNED if actions else UNCHANGED,
                         "; ".join(action.requirement for action in actions) or "as planned")
+            report.host(host.name).package_changes(action.requirement for action in actions)
         wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan)
     else:
         report.step(host.name, "wheels", SKIPPED, "install_wheels is off for this host")

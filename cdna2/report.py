@@ -12,7 +12,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 REPORT_FORMAT = 1
 PACKAGES = ("amd-aiter", "torch", "triton", "vllm")
@@ -46,6 +46,13 @@ class HostRow:
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)  # per step, machine-readable (patch plans with diffs)
     connected: bool = True
+
+    def package_changes(self, requirements: Iterable[str]) -> None:
+        """Show planned ``name==version`` installs as ``found -> planned`` in the package columns."""
+        for requirement in requirements:
+            name, _, version = requirement.partition("==")
+            if name in self.packages and version:
+                self.packages[name] = f"{self.packages[name] or '-'} -> {version}"
 
     @property
     def status(self) -> str:

@@ -42,6 +42,10 @@ def _host_data(lab: dict, host: dict) -> dict:
         "ssh_strict_host_key_checking": "yes",
         "ssh_allow_agent": False,
         "ssh_look_for_keys": False,
+        # The lab's own package mirror (lab/mirror.py): its matrix covers the lab's stand-in ROCm versions and pip
+        # installs from its find-links directory only (lab hosts see the controller's filesystem there).
+        "wheel_matrix": str(Path(lab["lab_dir"]) / "mirror" / "wheel-matrix.yaml"),
+        "wheel_find_links": str(Path(lab["lab_dir"]) / "mirror" / "wheels"),
     }
 
 

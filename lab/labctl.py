@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from lab import kinds, venvs, wheelhouse
+from lab import kinds, mirror, venvs, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_FORMAT = 1
@@ -95,6 +95,11 @@ class LabPaths:
 
     def host_dir(self, name: str) -> Path:
         return self.root / "hosts" / name
+
+    @property
+    def mirror(self) -> Path:
+        """The lab's package mirror (lab/mirror.py): the wheels and wheel matrix the lab hosts install from."""
+        return self.root / "mirror"
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
@@ -407,6 +412,9 @@ def up(paths: LabPaths, count: int, subnet: str | None) -> dict:
             progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
         for extra in lab["hosts"][count:]:
             progress(f"{extra['name']}: beyond the {count} requested, left as it is (./lab/down stops all)")
+        if not (paths.mirror / "wheel-matrix.yaml").exists():
+            progress(f"building the lab's package mirror in {paths.mirror}")
+            mirror.build(paths.mirror)
         return lab
 
 

@@ -31,9 +31,11 @@ class HostProbe(FactBase[dict]):
 
     @override
     def command(self, target_python: str, rocm_root: str, state_dir: str, agent_dir: str,
-                patch_files: dict[str, list[str]] | None = None) -> StringCommand:
+                patch_files: dict[str, list[str]] | None = None,
+                record_check: list[str] | None = None) -> StringCommand:
         options = json.dumps({"target_python": target_python, "rocm_root": rocm_root, "state_dir": state_dir,
-                              "agent_dir": agent_dir, "patch_files": patch_files or {}}, sort_keys=True)
+                              "agent_dir": agent_dir, "patch_files": patch_files or {},
+                              "record_check": record_check or []}, sort_keys=True)
         # Fall back to python3 so a host without its target environment is reported, not failed mid-probe.
         return StringCommand(
             "P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3; "$P" -c ', QuoteString(PROBE_SOURCE),

@@ -243,8 +243,8 @@ def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
         record_text = ""
     marker = re.search(r"^(.*?/)?hsa/gfx942/", record_text, re.MULTILINE)
     hsa_rel = f"{marker.group(1) or ''}hsa" if marker else None
-    info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0,
-            "gfx942_on_disk": False, "gfx90a_digest": None, "gfx90a_files": 0}
+    info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0, "gfx942_on_disk": False,
+            "gfx90a_digest": None, "gfx90a_files": 0, "gfx90a_previous": False}
     if hsa_rel is None:
         errors.append(f"{dist['name']} RECORD lists no hsa/gfx942 kernel tree")
         return info
@@ -252,6 +252,7 @@ def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
     info["hsa_root"] = str(hsa_root)
     info["gfx942_record_digest"], info["gfx942_record_files"] = record_tree_digest(record_text, f"{hsa_rel}/gfx942/")
     info["gfx942_on_disk"] = (hsa_root / "gfx942").is_dir()
+    info["gfx90a_previous"] = (hsa_root / ".gfx90a.previous").is_dir()
     gfx90a = hsa_root / "gfx90a"
     if gfx90a.is_dir():
         info["gfx90a_digest"] = tree_digest(gfx90a)
@@ -289,6 +290,47 @@ def read_patch_targets(patch_files: dict, distributions: dict, errors: list[str]
     return targets
 
 
+# Files a provisioned AITER holds beyond its RECORD by design: the translated tree and its previous copy.
+NOT_IN_RECORD = ("/hsa/gfx90a/", "/hsa/.gfx90a.previous/")
+
+
+def record_mismatches(dist: dict, errors: list[str]) -> dict:
+    """Compare every file a distribution's RECORD lists with the disk: how many match, which differ or are gone."""
+    try:
+        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
+    except Exception as error:
+        errors.append(f"{dist['name']} RECORD unreadable: {error}")
+        return {"checked": 0, "mismatched": [], "missing": []}
+    checked, mismatched, missing = 0, [], []
+    for line in record_text.splitlines():
+        path, _, rest = line.partition(",")
+        hash_field = rest.partition(",")[0]
+        if not hash_field or "__pycache__" in path or any(part in f"/{path}" for part in NOT_IN_RECORD):
+            continue
+        target = Path(dist["location"], path)
+        checked += 1
+        if not target.is_file():
+            missing.append(path)
+        elif record_hash(target.read_bytes()) != hash_field:
+            mismatched.append(path)
+    return {"checked": checked, "mismatched": mismatched, "missing": missing}
+
+
+def read_backups(state_dir: str, errors: list[str]) -> dict:
+    """The patch transactions' backup records (cdna2/host/txn.py): what was patched, and any unfinished journal."""
+    backups = {}
+    for record in sorted(Path(state_dir, "backups").glob("*/state.json")):
+        try:
+            state = json.loads(record.read_text())
+        except (OSError, ValueError) as error:
+            errors.append(f"{record}: unreadable backup record: {error}")
+            continue
+        backups[state["package"]] = {"backup_dir": str(record.parent), "root": state["root"],
+                                     "files": state["files"], "jit_invalidations": state["jit_invalidations"],
+                                     "journal": (record.parent / "journal.json").exists()}
+    return backups
+
+
 def read_state(state_dir: str, errors: list[str]) -> dict | None:
     state_file = Path(state_dir, "state.json")
     if not state_file.is_file():
@@ -308,7 +350,8 @@ def read_agent(agent_dir: str | None) -> dict:
 
 
 def probe(options: dict) -> dict:
-    """Options: target_python, rocm_root, state_dir; optional agent_dir, kfd_topology, patch_files {package: [paths]}."""
+    """Options: target_python, rocm_root, state_dir; optional agent_dir, kfd_topology, patch_files {package: [paths]},
+    record_check [packages] (compare those distributions' files with their RECORD: reads every file)."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
@@ -326,6 +369,9 @@ def probe(options: dict) -> dict:
         "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, errors),
         "state": read_state(options["state_dir"], errors),
         "agent": read_agent(options.get("agent_dir")),
+        "backups": read_backups(options["state_dir"], errors),
+        "record_check": {package: record_mismatches(distributions[package], errors)
+                         for package in options.get("record_check", []) if distributions.get(package)},
         "errors": errors,
     }
 

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,9 +92,21 @@ def parallel(function, groups: list[list], jobs: int) -> list:
         return list(pool.map(function, groups))
 
 
+def run(argv: list[str], input_text: str | None = None) -> subprocess.CompletedProcess:
+    """Run a tool with its output in temporary files: reading tens of MB through pipes costs seconds in poll()."""
+    with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+        if input_text is not None:
+            stdin.write(input_text.encode())
+            stdin.seek(0)
+        returncode = subprocess.run(argv, stdin=stdin, stdout=stdout, stderr=stderr).returncode
+        stdout.seek(0)
+        stderr.seek(0)
+        return subprocess.CompletedProcess(argv, returncode, stdout.read().decode(errors="replace"),
+                                           stderr.read().decode(errors="replace"))
+
+
 def _mc(tools: LlvmTools, mcpu: str, text: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([tools.tool("llvm-mc"), f"-triple={TRIPLE}", f"-mcpu={mcpu}", "-show-encoding", *extra],
-                          input=text, capture_output=True, text=True)
+    return run([tools.tool("llvm-mc"), f"-triple={TRIPLE}", f"-mcpu={mcpu}", "-show-encoding", *extra], text)
 
 
 def _bytes_of(encoding: str) -> bytes:
@@ -147,34 +160,47 @@ def assemble(tools: LlvmTools, texts: list[str], mcpu: str, jobs: int) -> list[t
     return [pair for group in parallel(lambda g: _assemble_batch(tools, mcpu, g), groups, jobs) for pair in group]
 
 
-_OBJDUMP_FILE = re.compile(r"^(.*):\s+file format \S+$")
+_OBJDUMP_FILE_HEADER = ":\tfile format "
+_OBJDUMP_PADDING = re.compile(r" *// ")
 
 
-def objdump_listings(tools: LlvmTools, paths: list[Path], mcpu: str) -> dict[str, list[tuple[int, str, str]]]:
-    """llvm-objdump's (address, text, encoding words as printed) per instruction of each file, in one call."""
-    result = subprocess.run([tools.tool("llvm-objdump"), "-d", f"--mcpu={mcpu}", *map(str, paths)],
-                            capture_output=True, text=True)
+def objdump_lines(tools: LlvmTools, paths: list[Path], mcpu: str) -> dict[str, list[str]]:
+    """llvm-objdump's instruction lines per file, exactly as printed (see objdump_line)."""
+    result = run([tools.tool("llvm-objdump"), "-d", f"--mcpu={mcpu}", *map(str, paths)])
     if result.returncode != 0:
         raise LlvmOutputError(f"llvm-objdump --mcpu={mcpu} failed: {result.stderr.strip()[-500:]}")
-    listings: dict[str, list[tuple[int, str, str]]] = {}
-    current: list | None = None
-    for line in result.stdout.splitlines():
-        if line.startswith("\t"):
-            # "\t<text>   // <address>: <words>"; AMDGPU instruction text never contains "//".
-            text, separator, location = line.rpartition("// ")
-            address, colon, words = location.partition(": ")
-            if not separator or not colon or current is None:
-                raise LlvmOutputError(f"unexpected llvm-objdump line: {line!r}")
-            current.append((int(address, 16), text.strip(), words.strip()))
-        elif (header := _OBJDUMP_FILE.match(line)) is not None:
-            current = listings.setdefault(header.group(1), [])
+    # Each file starts with "<path>:\tfile format elf64-amdgpu"; the path is the last line before the marker.
+    parts = result.stdout.split(_OBJDUMP_FILE_HEADER)
+    listings = {}
+    for before, body in zip(parts, parts[1:]):
+        name = before.rpartition("\n")[2]
+        listings[name] = [line for line in body.split("\n") if line.startswith("\t")]
     return listings
+
+
+def objdump_line(address: int, text: str, words: str) -> str:
+    """An instruction line as llvm-objdump prints it for AMDGPU: tab and text left-justified to 60 columns, then
+    `// <address, 12 hex digits>:` and the encoding's 32-bit words."""
+    return f"{chr(9) + text:<60}// {address:012X}: {words}"
+
+
+def normalised(line: str) -> str:
+    """An objdump line with the alignment padding removed, for comparing lines laid out differently."""
+    return _OBJDUMP_PADDING.sub(" // ", line, count=1)
+
+
+def parse_objdump_line(line: str) -> tuple[int, str, str]:
+    """(address, text, words) of one objdump instruction line."""
+    text, separator, location = normalised(line).rpartition(" // ")
+    address, colon, words = location.partition(": ")
+    if not separator or not colon:
+        raise LlvmOutputError(f"unexpected llvm-objdump line: {line!r}")
+    return int(address, 16), text.strip(), words.strip()
 
 
 def readelf_notes(tools: LlvmTools, paths: list[Path]) -> dict[str, str]:
     """llvm-readelf's header and notes text per file."""
-    result = subprocess.run([tools.tool("llvm-readelf"), "-h", "--notes", *map(str, paths)],
-                            capture_output=True, text=True)
+    result = run([tools.tool("llvm-readelf"), "-h", "--notes", *map(str, paths)])
     if result.returncode != 0:
         raise LlvmOutputError(f"llvm-readelf failed: {result.stderr.strip()[-500:]}")
     per_file: dict[str, str] = {}

@@ -161,3 +161,28 @@ def test_rocm_from_python_wheel_when_no_rocm_tree(host_root: Path) -> None:
 @pytest.mark.parametrize("target, name", [(90010, "gfx90a"), (90402, "gfx942"), (90500, "gfx950"), (90008, "gfx908")])
 def test_gfx_name_from_kfd_target_version(target: int, name: str) -> None:
     assert probe.gfx_name(target) == name
+
+
+def test_record_check_names_edited_and_missing_files_but_not_our_trees(host_root: Path) -> None:
+    site = host_root / "site-packages"
+    clean = run_probe(host_root, record_check=["amd-aiter", "vllm"])["record_check"]
+    assert clean == {"amd-aiter": {"checked": 5, "mismatched": [], "missing": []}}, "vllm is not installed"
+    (site / "aiter/jit/core.py").write_bytes(b"edited\n")
+    (site / "aiter_meta/hsa/gfx950/pa/pa_b.co").unlink()
+    (site / "aiter_meta/hsa/gfx90a").mkdir()
+    (site / "aiter_meta/hsa/gfx90a/x.co").write_bytes(b"ours, not in RECORD")
+    found = run_probe(host_root, record_check=["amd-aiter"])["record_check"]["amd-aiter"]
+    assert found == {"checked": 5, "mismatched": ["aiter/jit/core.py"],
+                     "missing": ["aiter_meta/hsa/gfx950/pa/pa_b.co"]}
+
+
+def test_backups_of_patch_transactions_are_reported(host_root: Path) -> None:
+    backup = host_root / "state/backups/vllm"
+    backup.mkdir(parents=True)
+    (backup / "state.json").write_text(json.dumps({
+        "package": "vllm", "root": "/site", "jit_invalidations": [],
+        "files": {"vllm/_aiter_ops.py": {"original_sha256": "aa", "patched_sha256": "bb"}}}))
+    (backup / "journal.json").write_text("{}")
+    found = run_probe(host_root)["backups"]
+    assert found == {"vllm": {"backup_dir": str(backup), "root": "/site", "jit_invalidations": [], "journal": True,
+                              "files": {"vllm/_aiter_ops.py": {"original_sha256": "aa", "patched_sha256": "bb"}}}}
