@@ -16,7 +16,8 @@ from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
 from cdna2.patches import plan_package
-from cdna2.plan import FAIL, PROCEED, arch_skip_reason, kernels_decision, target_env_error
+from cdna2.plan import (FAIL, PROCEED, arch_skip_reason, deployed_record, installed_versions, kernels_decision,
+                        target_env_error)
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import HostProbe
@@ -24,6 +25,7 @@ from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import load_data_files, validate_inventory
 from operations.report import RunRecorder
+from operations.state import recorded
 from operations.wheels import packages as wheel_packages
 
 report = RunRecorder.install(state, mode="deploy").report
@@ -53,12 +55,17 @@ else:
     agent_installed(name="agent: host-side modules are current", bundle=current_agent_bundle(),
                     state_dir=data.state_dir, installed_digest=probe["agent"]["digest"])
 
+    # What the host had before the first deploy: rollback restores triton from it.
+    recorded(name="state: the pre-deploy baseline is recorded", key="baseline", value=installed_versions(probe),
+             current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir, once=True)
+
     # 4. Wheels before kernels and patches: those work on the AITER and vLLM that end up installed.
-    aiter_reinstalled = False
+    aiter_reinstalled, requirements = False, []
     if data.install_wheels:
         wheel_plan = wheel_plan_for(probe)
         actions = getattr(wheel_plan, "actions", None)
         aiter_reinstalled = any(action.package == "amd-aiter" for action in actions or ())
+        requirements = [action.requirement for action in actions or ()]
         if actions is None:
             report.step(host.name, "wheels", FAILED, str(wheel_plan))
         else:
@@ -74,11 +81,12 @@ else:
 
     # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
     decision, why = kernels_decision(probe, data.translate_kernels)
+    kernels_digest = None
     if decision == PROCEED and aiter_reinstalled:
         report.step(host.name, "kernels", SKIPPED, stale)
     elif decision == PROCEED:
         tree = translated_tree_for(host, probe)
-        installed = probe["aiter"]["gfx90a_digest"]
+        installed, kernels_digest = probe["aiter"]["gfx90a_digest"], tree.digest
         report.step(host.name, "kernels", UNCHANGED if installed == tree.digest else PLANNED,
                     f"{tree.kernels} kernels, tree {tree.digest[:12]}")
         translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
@@ -94,6 +102,7 @@ else:
 
     # 6. Patches: per package, the sets that match the installed text, all or nothing.
     skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
+    patch_sets = {}
     for package in host.loop(catalog.packages()):
         found = probe["distributions"].get(package)
         if found is None:
@@ -105,7 +114,14 @@ else:
         files, record = probe_files(probe, package)
         plan = plan_package(catalog, package, found["version"], files, record, data.optional_patch_sets)
         report.host(host.name).details[step] = plan.to_json()
+        patch_sets[package] = plan.sets
         status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
         report.step(host.name, step, status, ", ".join(plan.sets) or "; ".join(plan.reasons))
         patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                         target_python=data.target_python, state_dir=data.state_dir)
+
+    # 7. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
+    if not aiter_reinstalled:
+        recorded(name="state: the deployed state is recorded", key="deployed",
+                 value=deployed_record(probe, requirements, kernels_digest, patch_sets),
+                 current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)

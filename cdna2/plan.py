@@ -48,3 +48,21 @@ def kernels_decision(probe: dict[str, Any], enabled: bool) -> tuple[str, str]:
     if not aiter["gfx942_on_disk"]:
         return FAIL, f"{aiter['hsa_root']}/gfx942 is listed in RECORD but missing on disk: reinstall amd-aiter"
     return PROCEED, f"gfx942 tree {aiter['gfx942_record_digest'][:12]} ({aiter['gfx942_record_files']} files)"
+
+
+RECORDED_PACKAGES = ("amd-aiter", "torch", "triton", "vllm")
+
+
+def installed_versions(probe: dict[str, Any]) -> dict[str, str | None]:
+    return {name: (probe["distributions"].get(name) or {}).get("version") for name in RECORDED_PACKAGES}
+
+
+def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_digest: str | None,
+                    patch_sets: dict[str, list[str]]) -> dict[str, Any]:
+    """What a host holds once this run's plan is carried out: verify compares later probes with it."""
+    versions = installed_versions(probe)
+    for requirement in requirements:
+        name, _, version = requirement.partition("==")
+        if name in versions and version:
+            versions[name] = version
+    return {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}

@@ -8,10 +8,12 @@ provisioning the same host at once.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import fcntl
 import json
 import os
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,3 +100,26 @@ def update_state(state_dir: Path, key: str, value: Any) -> dict[str, Any]:
     state_dir.mkdir(parents=True, exist_ok=True)
     write_file_atomically(state_dir / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cdna2.host.state {set,set-once,clear} --state-dir D KEY [JSON]``: record one step's state."""
+    parser = argparse.ArgumentParser(prog="python -m cdna2.host.state", description=main.__doc__)
+    parser.add_argument("action", choices=["set", "set-once", "clear"])
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("key")
+    parser.add_argument("value", nargs="?", help="JSON value (set, set-once)")
+    args = parser.parse_args(argv)
+    with host_lock(args.state_dir):
+        current = read_state(args.state_dir)
+        if args.action == "set-once" and args.key in current:
+            result = {"result": "unchanged", "key": args.key}
+        else:
+            update_state(args.state_dir, args.key, None if args.action == "clear" else json.loads(args.value))
+            result = {"result": "cleared" if args.action == "clear" else "recorded", "key": args.key}
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

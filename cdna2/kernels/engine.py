@@ -87,19 +87,21 @@ def objdump_words(encoding: bytes) -> str:
 
 
 def _patch(data: bytearray, code_object: elf.CodeObject,
-           expected: dict[bytes, tuple[str, bytes, str]]) -> tuple[int, list[str]]:
-    """Re-encode in place; returns the number of patched instructions and the expected gfx90a listing."""
+           expected: dict[bytes, tuple[bytes, str, str]]) -> tuple[int, list[str]]:
+    """Re-encode in place; returns the number of patched instructions and the expected gfx90a objdump lines."""
     offset, patched, listing = code_object.text_offset, 0, []
-    address_delta = code_object.text_address - code_object.text_offset
+    address = code_object.text_address
+    append = listing.append
     for chunk in isa.split_instructions(elf.text_of(bytes(data), code_object)):
-        text, new, words = expected[chunk]
+        new, head, tail = expected[chunk]
         if new != chunk:
             if bytes(data[offset:offset + len(chunk)]) != chunk or len(new) != len(chunk):
                 raise elf.ElfError(f"byte mismatch at file offset {offset:#x}: refusing to patch")
             data[offset:offset + len(chunk)] = new
             patched += 1
-        listing.append(llvm.objdump_line(offset + address_delta, text, words))
+        append(f"{head}{address:012X}{tail}")
         offset += len(chunk)
+        address += len(chunk)
     return patched, listing
 
 
@@ -128,7 +130,7 @@ def _check_target(notes: str) -> str | None:
 
 
 def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
-                 expected: dict[bytes, tuple[str, bytes, str]]) -> list[tuple[str, int, str | None]]:
+                 expected: dict[bytes, tuple[bytes, str, str]]) -> list[tuple[str, int, str | None]]:
     """Write each kernel into staging and prove it; returns (relpath, patched instructions, error or None)."""
     listings, written, results = {}, [], []
     for relpath in relpaths:
@@ -170,13 +172,13 @@ class Analysis:
         self.chunks: list[bytes] = []  # gid -> distinct instruction bytes
         self.texts: list[str | None] = []  # gid -> gfx942 text (None: LLVM does not decode it)
         self.reasons: dict[int, str] = {}  # gid -> why it blocks
-        self.expected: dict[int, tuple[str, bytes, str]] = {}  # gid -> gfx90a (text, bytes, objdump words)
+        self.expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> gfx90a bytes, objdump line around the address
         self.durations: dict[str, float] = {}
 
     def blockers(self, relpath: str) -> list[int]:
         return sorted(self.reasons.keys() & set(self.files[relpath][1]), key=lambda g: self.texts[g] or "")
 
-    def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[str, bytes, str]]:
+    def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[bytes, str, str]]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
         return {self.chunks[gid]: self.expected[gid] for gid in gids}
 
@@ -247,7 +249,8 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         elif len(encoding) != len(chunk):
             analysis.reasons[gid] = f"gfx90a encoding is {len(encoding)} bytes, the original {len(chunk)}"
         else:
-            analysis.expected[gid] = (target, encoding, objdump_words(encoding))
+            head, _, tail = llvm.objdump_line(0, target, objdump_words(encoding)).partition(f"{0:012X}")
+            analysis.expected[gid] = (encoding, head, tail)
 
 
 def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
