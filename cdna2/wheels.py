@@ -333,6 +333,19 @@ def plan_wheels(matrix: Matrix, probe: Mapping, *, pins: Mapping[str, str | None
                      entry_version=entry.version, sources=mirror or (), actions=tuple(actions))
 
 
+def triton_restore_action(matrix: Matrix, probe: Mapping, version: str, *, index_url: str | None = None,
+                          find_links: str | None = None) -> PipAction:
+    """The pip action that puts ``triton==version`` back (rollback), from the host's matrix entry or its mirror."""
+    entry = _entry_for_host(matrix, probe)
+    triton = next(spec for spec in entry.packages if spec.name == "triton")
+    spec = PackageSpec(name="triton", version=version, index_url=triton.index_url, no_deps=True)
+    mirror = _mirror_sources(index_url, find_links)
+    argv, requirement = _pip_argv(_target_python(probe), spec, mirror)
+    found = _normalised_distributions(probe["distributions"]).get("triton")
+    return PipAction(package="triton", requirement=requirement, argv=argv,
+                     description=_describe(spec, found, mirror, "; the version recorded before the first deploy"))
+
+
 def pins_from_host_data(data: Mapping) -> dict[str, str | None]:
     """The pin keys of a host's data (absent keys are None)."""
     return {key: data.get(key) for key in PIN_KEYS}

@@ -12,6 +12,7 @@ The options are described by ``ProbeOptions`` below.
 from __future__ import annotations
 
 import base64
+import csv
 import gzip
 import hashlib
 import json
@@ -71,14 +72,15 @@ def tree_digest(root: Path) -> str:
     return _digest_of_entries(entries)
 
 
+def record_entries(record_text: str) -> list[tuple[str, str, str]]:
+    """(path, hash field, size) of every RECORD row; RECORD is CSV, so paths holding commas come quoted."""
+    return [(row + ["", ""])[:3] for row in csv.reader(record_text.splitlines()) if row]
+
+
 def record_tree_digest(record_text: str, prefix: str) -> tuple[str, int]:
     """Digest (as ``tree_digest``) and file count of the RECORD entries under ``prefix`` (ending in ``/``)."""
-    entries = []
-    for line in record_text.splitlines():
-        path, _, rest = line.partition(",")
-        hash_field, _, size = rest.partition(",")
-        if path.startswith(prefix) and hash_field:
-            entries.append((path[len(prefix):], hash_field, size))
+    entries = [(path[len(prefix):], hash_field, size) for path, hash_field, size in record_entries(record_text)
+               if path.startswith(prefix) and hash_field]
     return _digest_of_entries(entries), len(entries)
 
 
@@ -269,9 +271,8 @@ def read_patch_targets(patch_files: dict, distributions: dict, errors: list[str]
             continue
         record = {}
         try:
-            for line in (metadata.distribution(dist["name"]).read_text("RECORD") or "").splitlines():
-                path, _, rest = line.partition(",")
-                record[path] = rest.partition(",")[0]
+            record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
+            record = {path: hash_field for path, hash_field, _ in record_entries(record_text)}
         except Exception as error:
             errors.append(f"{dist['name']} RECORD unreadable: {error}")
         entries = {}
@@ -302,9 +303,7 @@ def record_mismatches(dist: dict, errors: list[str]) -> dict:
         errors.append(f"{dist['name']} RECORD unreadable: {error}")
         return {"checked": 0, "mismatched": [], "missing": []}
     checked, mismatched, missing = 0, [], []
-    for line in record_text.splitlines():
-        path, _, rest = line.partition(",")
-        hash_field = rest.partition(",")[0]
+    for path, hash_field, _ in record_entries(record_text):
         if not hash_field or "__pycache__" in path or any(part in f"/{path}" for part in NOT_IN_RECORD):
             continue
         target = Path(dist["location"], path)
@@ -368,6 +367,7 @@ def probe(options: dict) -> dict:
         "aiter": read_aiter(distributions.get("amd-aiter"), errors),
         "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, errors),
         "state": read_state(options["state_dir"], errors),
+        "state_dir_used": Path(options["state_dir"]).is_dir() and any(Path(options["state_dir"]).iterdir()),
         "agent": read_agent(options.get("agent_dir")),
         "backups": read_backups(options["state_dir"], errors),
         "record_check": {package: record_mismatches(distributions[package], errors)

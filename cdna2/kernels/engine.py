@@ -22,6 +22,7 @@ import shutil
 import time
 from array import array
 from collections import Counter
+from itertools import zip_longest
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -244,10 +245,10 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         encoding, error = assembled[target]
         if encoding is None:
             analysis.reasons[gid] = f"not valid gfx90a: {error}"
-        elif target != text and aliases[target][0] != chunk:
-            analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
         elif len(encoding) != len(chunk):
             analysis.reasons[gid] = f"gfx90a encoding is {len(encoding)} bytes, the original {len(chunk)}"
+        elif target != text and aliases[target][0] != chunk:
+            analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
         else:
             head, _, tail = llvm.objdump_line(0, target, objdump_words(encoding)).partition(f"{0:012X}")
             analysis.expected[gid] = (encoding, head, tail)
@@ -263,12 +264,17 @@ def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
     if not blockers:
         entry.update(status="portable")
         return entry
+    by_bucket: dict[str, list[int]] = {}
+    for gid in blockers:
+        by_bucket.setdefault(isa.bucket_of(analysis.texts[gid] or ""), []).append(gid)
+    # Round-robin over the buckets, so every reason a kernel is blocked shows among the listed examples.
+    examples = [gid for rank in zip_longest(*by_bucket.values()) for gid in rank if gid is not None]
     listed = []
-    for gid in blockers[:MAX_BLOCKERS_LISTED]:
+    for gid in examples[:MAX_BLOCKERS_LISTED]:
         text = analysis.texts[gid]
         listed.append({"instruction": text if text is not None else analysis.chunks[gid].hex(),
                        "bucket": isa.bucket_of(text or ""), "reason": analysis.reasons[gid]})
-    buckets = Counter(isa.bucket_of(analysis.texts[g] or "") for g in blockers)
+    buckets = {bucket: len(gids) for bucket, gids in by_bucket.items()}
     entry.update(status="blocked", blocking_instructions=len(blockers), blockers=listed,
                  buckets=dict(sorted(buckets.items())))
     return entry

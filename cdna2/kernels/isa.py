@@ -42,7 +42,7 @@ BUCKETS = (
     ("gfx950-only", re.compile(r"mfma_f32_(16x16x32|32x32x16)_(bf16|f16)")),
     ("int8 with K=32", re.compile(r"mfma_i32_(16x16x32|32x32x16)_i8")),
     ("bf16 atomics", re.compile(r"atomic\w*_bf16")),
-    ("64-bit VALU", re.compile(r"^v_\w*_(u64|b64|i64)\b")),
+    ("64-bit VALU", re.compile(r"^v_\S*_(u64|b64|i64)")),  # v_lshl_add_u64, v_mov_b64_e32, ...
     ("cache-policy modifiers", re.compile(r"\s(sc0|sc1|nt)(\s|$)")),
 )
 OTHER = "other"

@@ -6,6 +6,9 @@ The Python environment is real: fixture distributions are found through their di
 
 from __future__ import annotations
 
+import base64
+import csv
+import gzip
 import json
 import os
 import shlex
@@ -26,14 +29,15 @@ def write_distribution(site: Path, name: str, version: str, files: dict[str, byt
     dist_info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     dist_info.mkdir(parents=True)
     (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    record = []
+    rows = []
     for rel, data in files.items():
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        record.append(f"{rel},{probe.record_hash(data)},{len(data)}")
-    record.append(f"{dist_info.name}/RECORD,,")
-    (dist_info / "RECORD").write_text("\n".join(record) + "\n")
+        rows.append([rel, probe.record_hash(data), str(len(data))])
+    rows.append([f"{dist_info.name}/RECORD", "", ""])
+    with open(dist_info / "RECORD", "w", newline="") as stream:
+        csv.writer(stream).writerows(rows)  # as pip writes it: a path with a comma is quoted
 
 
 @pytest.fixture
@@ -45,6 +49,7 @@ def host_root(tmp_path: Path) -> Path:
         "aiter_meta/hsa/gfx942/pa/pa_a.co": b"\x7fELF-a",
         "aiter_meta/hsa/gfx942/pa/pa_asm.csv": b"knl_file\npa_a.co\n",
         "aiter_meta/hsa/gfx950/pa/pa_b.co": b"\x7fELF-b",
+        "aiter/configs/E=1,N=14336.json": b"{}",
     })
     write_distribution(site, "triton", "3.7.0", {"triton/__init__.py": b"__version__ = '3.7.0'\n"})
     rocm = tmp_path / "rocm"
@@ -129,8 +134,6 @@ def test_patch_targets_carry_content_and_both_hashes(host_root: Path) -> None:
     entry = found["patch_targets"]["amd-aiter"]["files"]["aiter/jit/core.py"]
     assert entry["record"] == probe.record_hash(b"GFX = 'gfx942'\n")
     assert entry["current"] == probe.record_hash(b"GFX = 'gfx90a'\n")
-    import base64
-    import gzip
     assert gzip.decompress(base64.b64decode(entry["content"])) == b"GFX = 'gfx90a'\n"
     assert found["patch_targets"]["amd-aiter"]["files"]["aiter/missing.py"] is None
     assert "vllm" not in found["patch_targets"], "a package that is not installed has no targets"
@@ -166,13 +169,13 @@ def test_gfx_name_from_kfd_target_version(target: int, name: str) -> None:
 def test_record_check_names_edited_and_missing_files_but_not_our_trees(host_root: Path) -> None:
     site = host_root / "site-packages"
     clean = run_probe(host_root, record_check=["amd-aiter", "vllm"])["record_check"]
-    assert clean == {"amd-aiter": {"checked": 5, "mismatched": [], "missing": []}}, "vllm is not installed"
+    assert clean == {"amd-aiter": {"checked": 6, "mismatched": [], "missing": []}}, "vllm is not installed"
     (site / "aiter/jit/core.py").write_bytes(b"edited\n")
     (site / "aiter_meta/hsa/gfx950/pa/pa_b.co").unlink()
     (site / "aiter_meta/hsa/gfx90a").mkdir()
     (site / "aiter_meta/hsa/gfx90a/x.co").write_bytes(b"ours, not in RECORD")
     found = run_probe(host_root, record_check=["amd-aiter"])["record_check"]["amd-aiter"]
-    assert found == {"checked": 5, "mismatched": ["aiter/jit/core.py"],
+    assert found == {"checked": 6, "mismatched": ["aiter/jit/core.py"],
                      "missing": ["aiter_meta/hsa/gfx950/pa/pa_b.co"]}
 
 

@@ -1,0 +1,107 @@
+"""``python -m cdna2 translate`` and ``python -m cdna2 classify``: the engine on the command line.
+
+Exit codes: 0 done, every kernel accounted for; 1 unusable input or tools (nothing written); 2 the tree was built,
+but some kernels are errors (unreadable source object or failed proof) and were left out: see the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
+from cdna2.kernels.isa import BUCKET_NAMES
+from cdna2.kernels.llvm import LlvmNotFoundError, LlvmOutputError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    translate = subparsers.add_parser("translate", help="translate an hsa/gfx942 kernel tree into hsa/gfx90a",
+                                      description=translate_tree.__doc__)
+    translate.add_argument("src", type=Path, metavar="SRC", help="the hsa/gfx942 tree")
+    translate.add_argument("dst", type=Path, metavar="DST", help="the hsa/gfx90a tree to produce (replaced whole)")
+    translate.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    translate.add_argument("--report", type=Path, metavar="FILE.json", help="write the JSON report here")
+    translate.add_argument("--cache", type=Path, metavar="DIR", help="content-addressed cache of translated trees")
+    translate.set_defaults(func=run_translate)
+
+    classify = subparsers.add_parser("classify", help="why each gfx942 kernel is or is not portable to gfx90a",
+                                     description=classify_tree.__doc__)
+    classify.add_argument("src", type=Path, metavar="SRC", help="the hsa/gfx942 tree")
+    classify.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
+    classify.add_argument("--json", type=Path, metavar="FILE", help="write the JSON report here")
+    classify.set_defaults(func=run_classify)
+
+
+def _progress(message: str) -> None:
+    print(f"... {message}", file=sys.stderr)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write JSON atomically: a temporary file beside the target, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+    os.replace(handle.name, path)
+
+
+def family_table(report: dict) -> str:
+    """The per-family table: total, portable, blocked (and by what), errors."""
+    header = f"{'family':<16} {'total':>6} {'portable':>9} {'blocked':>8} {'errors':>7}  blocked by"
+    lines = [header, "-" * len(header)]
+    for family, row in report["families"].items():
+        blocked_by = ", ".join(f"{bucket} {row['blocked_by'][bucket]}" for bucket in BUCKET_NAMES
+                               if bucket in row["blocked_by"])
+        lines.append(f"{family:<16} {row['total']:>6} {row['portable']:>9} {row['blocked']:>8} "
+                     f"{row['errors'] + row['skipped']:>7}  {blocked_by}")
+    totals = [sum(row[key] for row in report["families"].values()) for key in ("total", "portable", "blocked")]
+    errors = sum(row["errors"] + row["skipped"] for row in report["families"].values())
+    lines.append(f"{'total':<16} {totals[0]:>6} {totals[1]:>9} {totals[2]:>8} {errors:>7}")
+    return "\n".join(lines)
+
+
+def _errors(report: dict) -> list[str]:
+    return [f"{relpath}: {entry['status']}: {entry['reason']}" for relpath, entry in report["kernels"].items()
+            if entry["status"] in ("error", "skipped")]
+
+
+def _summary(report: dict) -> str:
+    lines = [family_table(report), ""]
+    lines += [f"error  {line}" for line in _errors(report)]
+    if "manifest_rows" in report:
+        lines.append(f"manifests: {report['manifest_rows']['kept']} rows kept, "
+                     f"{report['manifest_rows']['dropped']} rows dropped (kernel not written)")
+        lines.append(f"output: {report['destination']} (digest {report['output_digest'][:16]}, "
+                     f"cache {report['cache']['status']})")
+    durations = ", ".join(f"{name} {seconds:.2f}s" for name, seconds in report["durations"].items())
+    lines.append(f"LLVM {report['llvm']['version']} at {report['llvm']['bin_dir']}; {durations}")
+    lines += [f"limitation: {text}" for text in report["limitations"]]
+    return "\n".join(lines)
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    try:
+        report = translate_tree(args.src, args.dst, jobs=args.jobs, cache_dir=args.cache, progress=_progress)
+    except (TranslationError, LlvmNotFoundError, LlvmOutputError) as error:
+        print(f"translate: {error}", file=sys.stderr)
+        return 1
+    if args.report:
+        write_json(args.report, report)
+    print(_summary(report))
+    return 2 if _errors(report) else 0
+
+
+def run_classify(args: argparse.Namespace) -> int:
+    try:
+        report = classify_tree(args.src, jobs=args.jobs, progress=_progress)
+    except (TranslationError, LlvmNotFoundError, LlvmOutputError) as error:
+        print(f"classify: {error}", file=sys.stderr)
+        return 1
+    if args.json:
+        write_json(args.json, report)
+    print(_summary(report))
+    return 2 if _errors(report) else 0

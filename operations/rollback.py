@@ -1,0 +1,100 @@
+"""Return a host to stock AITER and vLLM, and prove it against their RECORD files."""
+
+from __future__ import annotations
+
+from pyinfra import host, state
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from cdna2.report import FAILED, RunReport
+from cdna2.rollback import RollbackPlan
+from cdna2.wheels import PipAction
+from operations.agent import agent_command
+from operations.facts import HostProbe
+from operations.util import fail_host_command
+
+
+@operation()
+def rolled_back(plan: RollbackPlan, triton: PipAction | None, target_python: str, state_dir: str):
+    """
+    Undo everything the deploy did on the host.
+
+    + plan: ``cdna2.rollback.plan_rollback(...)`` for this host
+    + triton: the pip action that restores the pre-deploy triton, or None
+    + target_python: interpreter that runs the host agent
+    + state_dir: the tool's state directory on the host, emptied last
+
+    Order:
+        patched files first (``cdna2.host.txn revert`` restores each original and checks it against the hash
+        recorded before patching; a file edited since is refused, not overwritten), then the translated kernel
+        trees, the JIT outputs built from patched inputs, triton, and last the tool's state directory (the agent
+        that ran the earlier steps lives there).
+
+    **Example:**
+
+    .. code:: python
+
+        rolled_back(
+            name="rollback: AITER and vLLM are stock again",
+            plan=plan_rollback(probe, probe["state_dir_used"], restore_triton=False, kernel_jit_patterns=[]),
+            triton=None, target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2",
+        )
+    """
+    if plan.problems:
+        yield fail_host_command("rollback: " + "; ".join(plan.problems))
+        return
+    if plan.empty:
+        host.noop("nothing to roll back: no patch backups, no gfx90a tree, no tool state")
+        return
+    for revert in plan.reverts:
+        yield agent_command(target_python, state_dir, "txn", "revert", "--backup-dir", revert["backup_dir"],
+                            "--root", revert["root"])
+    if plan.remove_kernels:
+        yield agent_command(target_python, state_dir, "kernels", "remove", "--hsa-root", plan.hsa_root,
+                            "--state-dir", state_dir)
+    if plan.jit_patterns:
+        yield agent_command(target_python, state_dir, "jit", "--root", plan.site_packages, *plan.jit_patterns)
+    if triton is not None:
+        yield StringCommand(*(QuoteString(arg) for arg in triton.argv))
+    if plan.clear_state:
+        # The state dir itself may be a mount point: empty it rather than remove it.
+        yield StringCommand("find", QuoteString(state_dir), "-mindepth", "1", "-delete")
+
+
+@operation()
+def stock_files_verified(report: RunReport, packages: list[str], target_python: str, rocm_root: str,
+                         state_dir: str):
+    """
+    Check, after the rollback ran, that every AITER and vLLM file matches its RECORD.
+
+    + report: the run report, which gets a ``record`` column per host
+    + packages: the distributions to check
+    + target_python, rocm_root, state_dir: as for the host probe
+
+    The check reads the host (a fresh probe with a RECORD comparison) and changes nothing; it fails the host when
+    any file differs. During ``--dry`` nothing has been rolled back yet, so it only says it will run.
+
+    **Example:**
+
+    .. code:: python
+
+        stock_files_verified(
+            name="rollback: every AITER and vLLM file matches RECORD", report=report,
+            packages=["amd-aiter", "vllm"], target_python="/opt/venv/bin/python", rocm_root="/opt/rocm",
+            state_dir="/var/lib/cdna2",
+        )
+    """
+    if not state.is_executing:
+        host.noop("RECORD check runs after the rollback")
+        return
+    probe = host.get_fact(HostProbe, target_python=target_python, rocm_root=rocm_root, state_dir=state_dir,
+                          agent_dir=f"{state_dir}/agent", record_check=packages)
+    lines, bad = [], []
+    for package, result in sorted(probe["record_check"].items()):
+        differing = result["mismatched"] + result["missing"]
+        lines.append(f"{package}: {result['checked'] - len(differing)}/{result['checked']} files match RECORD")
+        bad.extend(f"{package} {path}" for path in differing)
+    report.step(host.name, "record", FAILED if bad else "ok", "; ".join(lines) or "no package installed")
+    if bad:
+        yield fail_host_command(f"rollback: files differ from RECORD: {', '.join(bad[:10])}")
+        return
+    host.noop("; ".join(lines))

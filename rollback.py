@@ -1,0 +1,64 @@
+"""Roll every host back to stock AITER and vLLM: the deploy's changes undone, proven against RECORD.
+
+    pyinfra inventory/lab.py rollback.py --dry    # preview what each host would lose
+    pyinfra -y inventory/lab.py rollback.py       # roll back
+
+Per host: restore the pristine originals of every patched file, remove hsa/gfx90a (and its previous copy) and
+the JIT outputs built from patched inputs, reinstall the pre-deploy triton when `rollback_restore_triton` is set,
+and empty the tool's state directory; then check every AITER and vLLM file against its RECORD. A host that was
+never provisioned, or only half, gets only what it needs; a second rollback changes nothing.
+"""
+
+from pyinfra import host, inventory, state
+
+from cdna2.agent import agent_dir
+from cdna2.plan import target_env_error
+from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
+from cdna2.rollback import plan_rollback
+from cdna2.translated import load_adaptations
+from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
+from operations.agent import agent_installed, current_agent_bundle
+from operations.facts import HostProbe
+from operations.preflight import validate_inventory
+from operations.report import RunRecorder
+from operations.rollback import rolled_back, stock_files_verified
+
+report = RunRecorder.install(state, mode="rollback").report
+data = host.data
+PACKAGES = ["amd-aiter", "vllm"]
+
+# 1. Validate every host's data before touching any.
+validate_inventory(inventory)
+
+# 2. Probe: what this host holds of the deploy's work.
+probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
+                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
+summarise_probe(report.host(host.name), probe)
+env_error = target_env_error(probe)
+kernel_jit = sorted({pattern for adaptation in load_adaptations() for pattern in adaptation["invalidates"]})
+plan = plan_rollback(probe, probe["state_dir_used"], data.rollback_restore_triton, kernel_jit)
+if env_error and not plan.empty:
+    plan.problems.append(env_error)
+
+# 3. The pip action that restores triton, from the same sources the deploy used.
+triton = None
+if plan.restore_triton:
+    try:
+        triton = triton_restore_action(load_matrix(data.wheel_matrix), probe, plan.restore_triton,
+                                       index_url=data.wheel_index_url, find_links=data.wheel_find_links)
+    except WheelPlanError as error:
+        plan.problems.append(str(error))
+
+status = FAILED if plan.problems else (UNCHANGED if plan.empty else PLANNED)
+report.step(host.name, "rollback", status, "; ".join(plan.problems or plan.describe()) or "nothing to undo")
+
+# 4. Undo, then prove: the agent in the state dir runs the undo steps and is removed with it.
+if not (plan.empty or plan.problems):
+    agent_installed(name="agent: host-side modules are current", bundle=current_agent_bundle(),
+                    state_dir=data.state_dir, installed_digest=probe["agent"]["digest"])
+rolled_back(name="rollback: AITER and vLLM are stock again", plan=plan, triton=triton,
+            target_python=data.target_python, state_dir=data.state_dir)
+if not env_error:
+    stock_files_verified(name="record: every AITER and vLLM file matches RECORD", report=report,
+                         packages=PACKAGES, target_python=data.target_python, rocm_root=data.rocm_root,
+                         state_dir=data.state_dir)
