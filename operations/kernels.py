@@ -27,7 +27,8 @@ def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
     remote = output.stdout.strip()
     try:
         packed, output = source_host.run_shell_command(
-            StringCommand("tar", "-czf", QuoteString(remote), "-C", QuoteString(hsa_root), "gfx942"))
+            StringCommand("tar", "--exclude=__pycache__", "-czf", QuoteString(remote), "-C", QuoteString(hsa_root),
+                          "gfx942"))
         if not packed:
             raise KernelSourceError(f"{source_host.name}: tar of {hsa_root}/gfx942 failed: {output.stderr}")
         if not source_host.get_file(remote, str(archive)):

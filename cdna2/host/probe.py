@@ -59,10 +59,12 @@ def tree_digest(root: Path) -> str:
 
     A tree installed from a wheel has the same digest as ``record_tree_digest`` of the wheel's RECORD for that
     subtree, so a host's kernel tree can be compared with what its RECORD promises without reading the files twice.
+    ``__pycache__`` directories are left out on both sides.
     """
     entries = []
     for directory, subdirs, files in os.walk(root):
-        subdirs.sort()
+        # Bytecode caches are derived from the sources beside them, and RECORD lists them without a hash.
+        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
         for file_name in files:
             path = Path(directory, file_name)
             if not path.is_file():
