@@ -34,6 +34,10 @@ REL_RMS_LIMIT = 0.02
 CLOSE_PERCENT_MIN = 99.0
 CLOSE_TOLERANCE = 2e-2
 SEED = 0
+# Lines of a case's captured output the parent parses for load proof (the rest is HIP/torch noise); the tail is
+# kept too, for errors.
+LOAD_LINE_MARKERS = ("LoadKernel", "hipModuleLoad")
+CAPTURED_TAIL = 2000
 
 
 class CapturedOutput:
@@ -227,7 +231,9 @@ def run_case(name: str) -> dict:
         except Exception as error:  # the parent reports it as a failed check, with the traceback's last lines
             result["error"] = f"{type(error).__name__}: {error}"
             result["traceback"] = traceback.format_exc()[-2000:]
-    result["captured"] = captured.text
+    load_lines = [line for line in captured.text.splitlines() if any(m in line for m in LOAD_LINE_MARKERS)]
+    result["captured"] = "\n".join(load_lines)
+    result["captured_tail"] = captured.text[-CAPTURED_TAIL:]
     return result
 
 

@@ -399,8 +399,7 @@ def _move_into_place(staging: Path, dst: Path) -> None:
 
 
 def _staging_for(dst: Path) -> Path:
-    if not dst.parent.is_dir():
-        raise TranslationError(f"{dst.parent}: no such directory; create the parent of DST first")
+    dst.parent.mkdir(parents=True, exist_ok=True)
     staging = dst.with_name(f".{dst.name}.staging.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     return staging

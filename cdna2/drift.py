@@ -1,0 +1,54 @@
+"""Drift: how a provisioned host differs now from what the deploy recorded it left there (pure, no I/O).
+
+Verify reads a fresh probe and the ``deployed`` record the last deploy wrote on the host, re-plans the patch sets
+against the files as they are, and names every difference an operator must act on: packages upgraded or replaced
+underneath us, a patch lost or a patched file edited, kernels missing or altered, any other file no longer
+matching its RECORD. A re-run of the deploy repairs what it can and refuses, naming the file, what it must not
+overwrite.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from cdna2.plan import installed_versions
+
+
+def find_drift(probe: dict[str, Any], plans: Mapping[str, Any]) -> list[str]:
+    """Every drift of a probed host; ``plans`` maps each patched package to its fresh ``PackagePlan``."""
+    deployed = (probe["state"] or {}).get("deployed")
+    if deployed is None:
+        return ["not provisioned: no deployed state is recorded on this host (run the deploy)"]
+    drift = []
+    now = installed_versions(probe)
+    for name, version in sorted(deployed["packages"].items()):
+        if now.get(name) != version:
+            found = now.get(name) or "absent"
+            drift.append(f"{name} changed underneath us: deployed {version or 'absent'}, found {found}")
+    expected_kernels = deployed["kernels"]
+    found_kernels = (probe["aiter"] or {}).get("gfx90a_digest")
+    if expected_kernels and found_kernels is None:
+        drift.append("kernels missing: hsa/gfx90a is gone")
+    elif expected_kernels and found_kernels != expected_kernels:
+        drift.append(f"kernels altered: hsa/gfx90a digest {found_kernels[:12]}, deployed {expected_kernels[:12]}")
+    patched_files = set()
+    for package, sets in sorted(deployed["patch_sets"].items()):
+        plan = plans.get(package)
+        if plan is None:
+            drift.append(f"{package} patched at deploy but not installed now")
+            continue
+        patched_files.update(change.path for change in plan.changes)
+        patched_files.update((probe["backups"].get(package) or {}).get("files", {}))
+        if plan.status == "apply":
+            drift.append(f"{package} patch lost: {', '.join(change.path for change in plan.changes)} "
+                         f"no longer patched ({', '.join(sets)})")
+        elif plan.status != "patched":
+            drift.append(f"{package} patched files changed: {'; '.join(plan.reasons)}")
+        elif sorted(plan.sets) != sorted(sets):
+            drift.append(f"{package} patch sets are {', '.join(plan.sets)}, deployed {', '.join(sets)}")
+    for package, result in sorted(probe["record_check"].items()):
+        edited = [path for path in result["mismatched"] if path not in patched_files]
+        if edited or result["missing"]:
+            drift.append(f"{package} files differ from RECORD: "
+                         + ", ".join((edited + [f"{path} (missing)" for path in result["missing"]])[:10]))
+    return drift

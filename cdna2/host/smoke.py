@@ -1,0 +1,564 @@
+"""On-host smoke test: prove that this host runs AITER's translated gfx90a kernels, or say exactly why it does not.
+
+    PYTHONPATH=<state_dir>/agent <target_python> -B -m cdna2.host.smoke --site-packages DIR --state-dir DIR \\
+        [--expect-triton 3.7.1] [--timeout SECONDS] [--json]
+
+Static checks always run: the gfx90a tree is present and is the one the deploy installed, every code object in it
+says gfx90a, no manifest row names a missing kernel, the patch transactions are applied, every other AITER and
+vLLM file matches its RECORD, triton is the expected version and ``triton.runtime.autotuner`` imports in a child,
+no JIT output built before its inputs were patched survives, no JIT lock is orphaned, ``import aiter`` works
+where torch is a ROCm build. GPU checks run ``cdna2.host.smoke_gpu`` in child processes, only when a gfx90a device
+is really there; otherwise each reports "skipped: no gfx90a device" with the reason, never "passed".
+
+Standard library only; torch and aiter are imported only inside child processes. Distributions are looked up
+with ``--site-packages`` first on the search path. Prints one JSON object on stdout (indented, or one line with
+``--json``) and a human summary on stderr; exit 0 when no check failed or was wrong (skips are fine), else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+from cdna2.host import importcheck, jit, probe, smoke_gpu, state, txn
+
+PASSED, FAILED, SKIPPED, WRONG = "passed", "failed", "skipped", "wrong"
+STATIC, GPU = "static", "gpu"
+DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITER's import path (field-notes §2.2)
+PATCHED_PACKAGES = ("amd-aiter", "vllm")  # the distributions the deploy patches, by the names backups use
+MAX_NAMED = 10  # offenders named in a check's detail; the count is always complete
+
+# amd-aiter e_flags machine byte (low byte of the little-endian uint32 at ELF offset 0x30).
+E_FLAGS_OFFSET = 0x30
+MACHINES = {0x3F: "gfx90a", 0x4C: "gfx942"}
+GFX90A = 0x3F
+
+# Manifest CSVs name their kernel in the first column whose header contains one of these (0.1.7.post2.dev18 uses
+# knl_file, newer AITER co_name), relative to the CSV's folder, or under a product folder the loader inserts.
+MANIFEST_KERNEL_HEADERS = ("co_name", "knl_file")
+PRODUCT_FOLDERS = ("", "MI300", "MI308")
+
+# Kernel-load lines, captured at fd level in the GPU child. AITER 0.1.7.post2.dev18's AiterAsmKernel prints
+# "[aiter] hipModuleLoad: <path> GetFunction: <symbol>" unconditionally; later AITER prints
+# "[aiter] LoadKernel: <symbol> hsaco: <path>" at AITER_LOG_LEVEL=info; HIP's API trace (AMD_LOG_LEVEL=3,
+# AMD_LOG_MASK=1) logs "hipModuleLoad ( <ptr>, <path> )", the only trace of loaders that print nothing (the
+# fmha_v3_fwd loader of 0.1.7.post2.dev18).
+LOAD_LINE_PATTERNS = (
+    re.compile(r"LoadKernel: (?P<symbol>\S+) hsaco: (?P<path>\S+\.co)\b"),
+    re.compile(r"hipModuleLoad: (?P<path>\S+\.co) GetFunction: (?P<symbol>\S+)"),
+    re.compile(r"hipModuleLoad \( *\S+, *[\"']?(?P<path>[^\s\"')]+\.co)[\"']? *\)"),
+)
+GPU_CHILD_ENV = {"AITER_LOG_LEVEL": "info", "AMD_LOG_LEVEL": "3", "AMD_LOG_MASK": "1"}
+AGENT_ROOT = Path(__file__).resolve().parents[2]  # holds cdna2/host, as <state_dir>/agent does on a host
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """A GPU check: the smoke_gpu case it runs and the hsa/gfx90a folder a load line must name (None: no proof)."""
+
+    name: str
+    case: str
+    kernel_folder: str | None
+    what: str
+
+
+GPU_CHECKS = (
+    GpuCheck("fmha_v3_fwd_bf16_hd128", "fmha_v3_fwd_noncausal", "fmha_v3_fwd",
+             "fmha_v3_fwd bf16 head_dim 128, not causal"),
+    GpuCheck("fmha_v3_fwd_bf16_hd128_causal", "fmha_v3_fwd_causal", "fmha_v3_fwd",
+             "fmha_v3_fwd bf16 head_dim 128, causal"),
+    GpuCheck("pa_fwd_asm_bf16_block16_gqa8", "pa_fwd_asm", "pa", "pa_fwd_asm bf16 block 16 GQA 8"),
+    # The sliding-window path is CK, not ASM, in every AITER we know; the guard is its result, not a load line.
+    GpuCheck("sliding_window_attention", "sliding_window", None, "sliding-window varlen attention (window 256)"),
+)
+
+
+def result(name: str, kind: str, status: str, detail: str) -> dict:
+    return {"name": name, "kind": kind, "status": status, "detail": detail}
+
+
+def _named(items: list[str]) -> str:
+    shown = ", ".join(items[:MAX_NAMED])
+    return shown + (f" (and {len(items) - MAX_NAMED} more)" if len(items) > MAX_NAMED else "")
+
+
+# --- what is on the host -------------------------------------------------------------------------------------------
+
+@dataclass
+class Transaction:
+    """One package's patch backups (``<state_dir>/backups/<package>``, layout in cdna2.host.txn)."""
+
+    package: str
+    backup_dir: Path
+    record: dict
+    interrupted: bool
+
+    @property
+    def root(self) -> Path:
+        return Path(self.record["root"])
+
+
+@dataclass
+class HostView:
+    site_packages: Path
+    state_dir: Path
+    distributions: dict
+    aiter: dict | None
+    tool_state: dict | None
+    transactions: list[Transaction]
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def gfx90a_tree(self) -> Path | None:
+        return Path(self.aiter["hsa_root"], "gfx90a") if self.aiter and self.aiter["hsa_root"] else None
+
+
+@contextmanager
+def searched_first(site_packages: Path) -> Iterator[None]:
+    """Put ``site_packages`` first on the metadata search path (a no-op for the target Python's own directory)."""
+    entry = str(site_packages)
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        sys.path.remove(entry)
+
+
+def read_transactions(state_dir: Path, errors: list[str]) -> list[Transaction]:
+    transactions = []
+    for backup_dir in sorted(Path(state_dir, "backups").glob("*")):
+        state_file = backup_dir / txn.STATE
+        if not backup_dir.is_dir() or not state_file.is_file():
+            continue
+        try:
+            record = json.loads(state_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            errors.append(f"{state_file}: unreadable patch record: {error}")
+            continue
+        transactions.append(Transaction(backup_dir.name, backup_dir, record, (backup_dir / txn.JOURNAL).exists()))
+    return transactions
+
+
+def read_host(site_packages: Path, state_dir: Path) -> HostView:
+    """Everything the static checks look at, read once (call inside ``searched_first``)."""
+    errors: list[str] = []
+    distributions = probe.read_distributions(errors)
+    aiter = probe.read_aiter(distributions.get("amd-aiter"), errors)
+    try:
+        tool_state = state.read_state(state_dir)
+    except (OSError, ValueError) as error:
+        errors.append(f"{state_dir / 'state.json'}: unreadable tool state: {error}")
+        tool_state = None
+    return HostView(site_packages, state_dir, distributions, aiter, tool_state,
+                    read_transactions(state_dir, errors), errors)
+
+
+# --- static checks ------------------------------------------------------------------------------------------------
+
+def check_gfx90a_tree(view: HostView) -> dict:
+    name = "gfx90a_tree"
+    tree = view.gfx90a_tree
+    if tree is None:
+        why = "; ".join(view.errors) or f"amd-aiter is not installed for {sys.executable} (searched {view.site_packages})"
+        return result(name, STATIC, FAILED, f"AITER's kernel tree was not found: {why}")
+    if not tree.is_dir():
+        return result(name, STATIC, FAILED, f"{tree} is missing: run the deploy to install the translated kernels")
+    if view.tool_state is None or "kernels" not in view.tool_state:
+        return result(name, STATIC, FAILED, f"{tree} exists but {view.state_dir / 'state.json'} has no kernels "
+                                            f"record, so this tool did not install it: run the deploy")
+    recorded, actual = view.tool_state["kernels"]["digest"], view.aiter["gfx90a_digest"]
+    if actual != recorded:
+        return result(name, STATIC, FAILED, f"{tree} is not the tree the deploy installed (digest {actual[:12]}, "
+                                            f"recorded {recorded[:12]}): a file was added, removed or changed; run "
+                                            f"the deploy to reinstall it")
+    return result(name, STATIC, PASSED, f"{tree}: {view.aiter['gfx90a_files']} files, digest {actual[:12]} as "
+                                        f"installed {view.tool_state['kernels'].get('installed', '')}".rstrip())
+
+
+def machine_of(path: Path) -> str:
+    """``gfx90a``, ``gfx942``, ``mach 0x..`` for other AMDGPU machines, or why the file is no code object."""
+    with open(path, "rb") as handle:
+        header = handle.read(E_FLAGS_OFFSET + 4)
+    if header[:4] != b"\x7fELF" or len(header) < E_FLAGS_OFFSET + 4:
+        return "not an ELF file"
+    mach = struct.unpack_from("<I", header, E_FLAGS_OFFSET)[0] & 0xFF
+    return MACHINES.get(mach, f"mach 0x{mach:02x}")
+
+
+def check_code_objects(view: HostView) -> dict:
+    name = "code_objects_gfx90a"
+    tree = view.gfx90a_tree
+    if tree is None or not tree.is_dir():
+        return result(name, STATIC, SKIPPED, "no hsa/gfx90a tree to read (reported by gfx90a_tree)")
+    code_objects = sorted(tree.rglob("*.co"))
+    if not code_objects:
+        return result(name, STATIC, FAILED, f"{tree} holds no .co file: run the deploy to reinstall the kernels")
+    wrong = [f"{path.relative_to(tree)} ({machine})" for path in code_objects
+             if (machine := machine_of(path)) != "gfx90a"]
+    if wrong:
+        return result(name, STATIC, FAILED, f"{len(wrong)} of {len(code_objects)} code objects in {tree} are not "
+                                            f"gfx90a: {_named(wrong)}; the GPU cannot load them: run the deploy to "
+                                            f"reinstall the translated tree")
+    return result(name, STATIC, PASSED, f"all {len(code_objects)} code objects in {tree} say gfx90a")
+
+
+def manifest_kernel_column(header: list[str]) -> int | None:
+    matches = [index for index, title in enumerate(header) if any(key in title for key in MANIFEST_KERNEL_HEADERS)]
+    return matches[0] if matches else None
+
+
+def dangling_manifest_rows(tree: Path, manifest: Path) -> tuple[int, list[str]]:
+    """Rows checked and ``<csv>:<line> <kernel>`` for each row whose kernel is in none of its load locations."""
+    rows = list(csv.reader(io.StringIO(manifest.read_text(encoding="utf-8", errors="replace"))))
+    column = manifest_kernel_column(rows[0]) if rows else None
+    if column is None:
+        return 0, []
+    checked, dangling = 0, []
+    for line_number, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        checked += 1
+        kernel = row[column].strip() if column < len(row) else ""
+        locations = [manifest.parent / folder / kernel for folder in PRODUCT_FOLDERS]
+        inside = all(location.resolve().is_relative_to(tree.resolve()) for location in locations)
+        if not kernel or not inside or not any(location.is_file() for location in locations):
+            dangling.append(f"{manifest.relative_to(tree)}:{line_number} {kernel or '(empty)'}")
+    return checked, dangling
+
+
+def check_manifests(view: HostView) -> dict:
+    name = "manifests_complete"
+    tree = view.gfx90a_tree
+    if tree is None or not tree.is_dir():
+        return result(name, STATIC, SKIPPED, "no hsa/gfx90a tree to read (reported by gfx90a_tree)")
+    manifests = sorted(tree.rglob("*.csv"))
+    checked, dangling = 0, []
+    for manifest in manifests:
+        rows, missing = dangling_manifest_rows(tree, manifest)
+        checked += rows
+        dangling.extend(missing)
+    if dangling:
+        return result(name, STATIC, FAILED, f"{len(dangling)} manifest rows in {tree} name a kernel that is not "
+                                            f"there, so selecting that shape fails with 'failed to open': "
+                                            f"{_named(dangling)}; run the deploy to reinstall the pruned tree")
+    return result(name, STATIC, PASSED, f"{checked} rows in {len(manifests)} manifests all name an existing kernel")
+
+
+def _patched_file_states(transaction: Transaction) -> dict[str, str]:
+    """Per file of the transaction: ``patched`` or what it is instead."""
+    states = {}
+    for relative, hashes in sorted(transaction.record["files"].items()):
+        current = txn.sha256_file(transaction.root / relative)
+        if hashes["patched_sha256"] is None:
+            states[relative] = "its patch never finished"
+        elif current == hashes["patched_sha256"]:
+            states[relative] = "patched"
+        elif current is None:
+            states[relative] = "missing"
+        elif current == hashes["original_sha256"]:
+            states[relative] = "back to the original (patch lost)"
+        else:
+            states[relative] = "edited after patching"
+    return states
+
+
+def check_patch_sets(view: HostView) -> dict:
+    name = "patch_sets_applied"
+    by_package = {transaction.package: transaction for transaction in view.transactions}
+    problems, applied = [], []
+    for package in PATCHED_PACKAGES:
+        if view.distributions.get(package) is None:
+            continue
+        transaction = by_package.get(package)
+        if transaction is None:
+            problems.append(f"{package}: no patch transaction under {view.state_dir / 'backups' / package}; "
+                            f"run the deploy (or this host has apply_patches off)")
+            continue
+        if transaction.interrupted:
+            problems.append(f"{package}: interrupted transaction in {transaction.backup_dir}: run "
+                            f"'python -m cdna2.host.txn recover --backup-dir {transaction.backup_dir}'")
+            continue
+        states = _patched_file_states(transaction)
+        bad = [f"{transaction.root / path}: {status}" for path, status in states.items() if status != "patched"]
+        if bad:
+            problems.append(f"{package}: {_named(bad)}; run the deploy to patch it again")
+        else:
+            applied.append(f"{package} {len(states)} files")
+    if problems:
+        return result(name, STATIC, FAILED, "; ".join(problems))
+    if not applied:
+        return result(name, STATIC, FAILED, f"neither amd-aiter nor vllm is installed for {sys.executable}")
+    return result(name, STATIC, PASSED, "patched as recorded: " + ", ".join(applied))
+
+
+def _record_entries(dist_name: str) -> list[tuple[str, str]]:
+    """(path, hash field) of every RECORD line that has a hash."""
+    text = metadata.distribution(dist_name).read_text("RECORD") or ""
+    return [(row[0], row[1]) for row in csv.reader(io.StringIO(text)) if len(row) >= 2 and row[1]]
+
+
+def _skipped_by_record_check(path: str, own_trees: tuple[str, ...]) -> bool:
+    return "__pycache__" in PurePosixPath(path).parts or path.startswith(own_trees)
+
+
+def record_mismatches(location: Path, dist_name: str, touched: set[str], own_trees: tuple[str, ...]) \
+        -> tuple[int, list[str]]:
+    """Files of a distribution checked against RECORD, and each that is missing or differs."""
+    checked, mismatches = 0, []
+    for path, hash_field in _record_entries(dist_name):
+        if path in touched or _skipped_by_record_check(path, own_trees):
+            continue
+        checked += 1
+        target = location / path
+        if not target.is_file():
+            mismatches.append(f"{path} (missing)")
+        elif probe.record_hash(target.read_bytes()) != hash_field:
+            mismatches.append(f"{path} (changed)")
+    return checked, mismatches
+
+
+def check_record(view: HostView) -> dict:
+    name = "record_pristine"
+    touched = {t.package: set(t.record["files"]) for t in view.transactions}
+    own_trees: tuple[str, ...] = ()
+    if view.gfx90a_tree is not None:
+        hsa = Path(view.aiter["hsa_root"]).relative_to(view.distributions["amd-aiter"]["location"]).as_posix()
+        own_trees = (f"{hsa}/gfx90a/", f"{hsa}/.gfx90a.previous/")
+    counts, mismatches = [], []
+    for package in PATCHED_PACKAGES:
+        dist = view.distributions.get(package)
+        if dist is None:
+            continue
+        checked, wrong = record_mismatches(Path(dist["location"]), dist["name"], touched.get(package, set()), own_trees)
+        counts.append(f"{checked} {package}")
+        mismatches.extend(f"{package}: {entry}" for entry in wrong)
+    if not counts:
+        return result(name, STATIC, FAILED, f"neither amd-aiter nor vllm is installed for {sys.executable}")
+    if mismatches:
+        return result(name, STATIC, FAILED, f"{len(mismatches)} files differ from their RECORD: {_named(mismatches)}; "
+                                            f"something changed the packages outside this tool: reinstall them, "
+                                            f"then run the deploy")
+    return result(name, STATIC, PASSED, f"{' and '.join(counts)} files match RECORD (patched files are checked "
+                                        f"by patch_sets_applied)")
+
+
+def check_triton_version(view: HostView, expected: str) -> dict:
+    name = "triton_version"
+    found = view.distributions.get("triton")
+    if found is None:
+        return result(name, STATIC, FAILED, f"triton is not installed for {sys.executable}: install "
+                                            f"triton=={expected}")
+    if found["version"] != expected:
+        return result(name, STATIC, FAILED, f"triton {found['version']} in {found['location']}, expected {expected}: "
+                                            f"reinstall triton=={expected} after AITER")
+    return result(name, STATIC, PASSED, f"triton {expected} in {found['location']}")
+
+
+def import_results(imports: dict) -> list[dict]:
+    """The triton and aiter checks from ``importcheck.run_checks`` (each import ran in its own child)."""
+    by_module = {check["module"]: check for check in imports["checks"]}
+    triton_checks = [by_module["triton"], by_module["triton.runtime.autotuner"]]
+    failed = [check["message"] for check in triton_checks if check["status"] != "passed"]
+    triton = result("triton_autotuner_import", STATIC, FAILED if failed else PASSED,
+                    "; ".join(failed) or "import triton and import triton.runtime.autotuner succeed in a child")
+    aiter = by_module["aiter"]
+    aiter_status = {"passed": PASSED, "unavailable": SKIPPED}.get(aiter["status"], FAILED)
+    detail = aiter["message"] + (f": {aiter['output'][-500:]}" if aiter_status == FAILED and aiter["output"] else "")
+    return [triton, result("import_aiter", STATIC, aiter_status, detail)]
+
+
+def _newest_mtime(path: Path) -> int:
+    """Newest modification time (ns) of a file, or of a directory and everything in it."""
+    newest = path.lstat().st_mtime_ns
+    if path.is_dir() and not path.is_symlink():
+        for directory, _, files in os.walk(path):
+            for entry in [directory, *(os.path.join(directory, name) for name in files)]:
+                newest = max(newest, os.lstat(entry).st_mtime_ns)
+    return newest
+
+
+def stale_jit_outputs(transaction: Transaction) -> list[str]:
+    """JIT outputs matching the transaction's invalidations that are older than its newest patched input.
+
+    A module built after the patch is legitimate (AITER rebuilds on first use); one older than the patched file
+    was built from the original and AITER loads it without any source check.
+    """
+    root = transaction.root
+    patched = [root / path for path, status in _patched_file_states(transaction).items() if status == "patched"]
+    if not patched:
+        return []
+    patched_at = max(path.stat().st_mtime_ns for path in patched)
+    stale = set()
+    for pattern in transaction.record.get("jit_invalidations", []):
+        for output in root.glob(pattern):
+            if _newest_mtime(output) < patched_at:
+                stale.add(str(output.relative_to(root)))
+    return sorted(stale)
+
+
+def check_stale_jit(view: HostView) -> dict:
+    name = "jit_no_stale_modules"
+    stale = [(transaction.root, path) for transaction in view.transactions for path in stale_jit_outputs(transaction)]
+    if stale:
+        fixes = {f"python -m cdna2.host.jit --root {root} {path}" for root, path in stale}
+        return result(name, STATIC, FAILED, f"{len(stale)} JIT outputs were built before their inputs were patched "
+                                            f"and AITER would load them unchecked: "
+                                            f"{_named([str(root / path) for root, path in stale])}; remove them: "
+                                            f"{_named(sorted(fixes))}")
+    patterns = sum(len(t.record.get("jit_invalidations", [])) for t in view.transactions)
+    if not view.transactions:
+        return result(name, STATIC, PASSED, "no patch transaction recorded, so no JIT input is patched")
+    return result(name, STATIC, PASSED, f"no output of {patterns} invalidated JIT patterns predates its patched inputs")
+
+
+def check_jit_locks(view: HostView) -> dict:
+    name = "jit_no_orphan_lock"
+    aiter = view.distributions.get("amd-aiter")
+    if aiter is None:
+        return result(name, STATIC, SKIPPED, f"amd-aiter is not installed for {sys.executable}: no JIT directory")
+    root = Path(aiter["location"])
+    locks = sorted(root.glob(jit.LOCK_GLOB))
+    open_ids = jit._open_file_ids()
+    held = [str(lock.relative_to(root)) for lock in locks if jit.lock_is_held(lock, open_ids)]
+    orphans = [str(lock.relative_to(root)) for lock in locks if str(lock.relative_to(root)) not in held]
+    if orphans:
+        return result(name, STATIC, FAILED, f"{len(orphans)} JIT locks under {root} are held by no process and every "
+                                            f"build of those modules would wait forever: {_named(orphans)}; clear "
+                                            f"them with 'python -m cdna2.host.jit --root {root}'")
+    if held:
+        return result(name, STATIC, PASSED, f"no orphan lock; held by a running build: {_named(held)}")
+    return result(name, STATIC, PASSED, f"no JIT lock under {root / 'aiter/jit/build'}")
+
+
+def static_checks(view: HostView, expected_triton: str, timeout: float) -> list[dict]:
+    checks = [check(view) for check in (check_gfx90a_tree, check_code_objects, check_manifests, check_patch_sets,
+                                        check_record)]
+    checks.append(check_triton_version(view, expected_triton))
+    checks.extend(import_results(importcheck.run_checks(timeout=timeout)))
+    checks.extend([check_stale_jit(view), check_jit_locks(view)])
+    return checks
+
+
+# --- GPU checks ---------------------------------------------------------------------------------------------------
+
+def _gpu_child(args: list[str], timeout: float) -> dict:
+    """Run ``cdna2.host.smoke_gpu ARGS`` in a fresh process; its last stdout line is its JSON report."""
+    env = {**os.environ, **GPU_CHILD_ENV,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(AGENT_ROOT), os.environ.get("PYTHONPATH")]))}
+    command = [sys.executable, "-B", "-m", "cdna2.host.smoke_gpu", *args]
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s"}
+    lines = completed.stdout.strip().splitlines()
+    if completed.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        # AITER's HIP_CALL prints the HIP error and calls exit(0): a child can end "successfully" with no report.
+        number = importcheck.signal_of(completed.returncode)
+        how = f"{signal.Signals(number).name} (exit {128 + number})" if number else f"exit {completed.returncode}"
+        tail = (completed.stdout + completed.stderr).strip()[-800:]
+        return {"error": f"'smoke_gpu {' '.join(args)}' ended with {how} and no report{': ' + tail if tail else ''}"}
+    return json.loads(lines[-1])
+
+
+def load_lines(captured: str) -> list[dict]:
+    """Kernel-load lines in captured output: the code object's path (slashes collapsed) and the raw line."""
+    loads = []
+    for line in captured.splitlines():
+        for pattern in LOAD_LINE_PATTERNS:
+            match = pattern.search(line)
+            if match:
+                loads.append({"path": re.sub(r"/+", "/", match.group("path")), "line": line.strip()})
+                break
+    return loads
+
+
+def judge_gpu_case(check: GpuCheck, report: dict) -> dict:
+    """The check's status from the child's report: failed, wrong (a result off the reference), or passed."""
+    if report.get("error"):
+        output = report.get("captured_tail", "").strip()[-400:]
+        return result(check.name, GPU, FAILED, f"{check.what}: {report['error']}"
+                                               f"{'; output: ' + output if output else ''}")
+    metrics = (f"rel_rms {report['rel_rms']:.2e}, {report['close_percent']:.2f}% close" if report["rel_rms"] is not None
+               else f"non-finite error, {report['close_percent']:.2f}% close")
+    timing = f", {report['elapsed_ms']:.3f} ms"
+    loads = load_lines(report.get("captured", ""))
+    loaded = f"; loaded {_named(sorted({load['path'] for load in loads}))}" if loads else ""
+    correct = (report["finite"] and report["rel_rms"] is not None and report["rel_rms"] < smoke_gpu.REL_RMS_LIMIT
+               and report["close_percent"] > smoke_gpu.CLOSE_PERCENT_MIN)
+    if not correct:
+        return result(check.name, GPU, WRONG, f"WRONG: {check.what} differs from the torch reference ({metrics}"
+                                              f"{timing}; needs rel_rms < {smoke_gpu.REL_RMS_LIMIT} and > "
+                                              f"{smoke_gpu.CLOSE_PERCENT_MIN}% close){loaded}")
+    if check.kernel_folder is None:
+        return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({metrics}{timing}){loaded}")
+    proof = [load for load in loads if f"/hsa/gfx90a/{check.kernel_folder}/" in load["path"]]
+    if not proof:
+        return result(check.name, GPU, FAILED, f"{check.what} is correct ({metrics}) but no kernel-load line names "
+                                               f"a code object under hsa/gfx90a/{check.kernel_folder}/, so a "
+                                               f"fallback computed it{loaded or ' (no load line at all)'}")
+    return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({metrics}{timing}); loaded "
+                                           f"{_named(sorted({load['path'] for load in proof}))}")
+
+
+def gpu_checks(timeout: float) -> tuple[list[dict], dict | None]:
+    """Every GPU check, or each one skipped with the reason no gfx90a device is usable; and the device seen."""
+    probe_report = _gpu_child(["device"], timeout)
+    reason = probe_report.get("error") or probe_report.get("reason")
+    if reason:
+        return ([result(check.name, GPU, SKIPPED, f"skipped: no gfx90a device ({reason})") for check in GPU_CHECKS],
+                probe_report.get("device"))
+    return [judge_gpu_case(check, _gpu_child(["run", check.case], timeout)) for check in GPU_CHECKS], \
+        probe_report["device"]
+
+
+# --- the run ------------------------------------------------------------------------------------------------------
+
+def run_smoke(site_packages: Path, state_dir: Path, expected_triton: str = DEFAULT_TRITON,
+              timeout: float = 1800.0) -> dict:
+    with searched_first(site_packages):
+        view = read_host(site_packages, state_dir)
+        checks = static_checks(view, expected_triton, timeout)
+    gpu, device = gpu_checks(timeout)
+    checks.extend(gpu)
+    counts = {status: sum(check["status"] == status for check in checks) for status in (PASSED, FAILED, SKIPPED, WRONG)}
+    return {"checks": checks, **counts, "device": device}
+
+
+def summary_lines(report: dict) -> list[str]:
+    lines = [f"smoke: {check['status']:>7}  {check['kind']:<6} {check['name']}: {check['detail']}"
+             for check in report["checks"]]
+    lines.append(f"smoke: {report[PASSED]} passed, {report[FAILED]} failed, {report[WRONG]} wrong, "
+                 f"{report[SKIPPED]} skipped")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m cdna2.host.smoke", description=__doc__.splitlines()[0])
+    parser.add_argument("--site-packages", type=Path, required=True, help="site-packages holding AITER and vLLM")
+    parser.add_argument("--state-dir", type=Path, required=True, help="this tool's state directory on the host")
+    parser.add_argument("--expect-triton", default=DEFAULT_TRITON, help="triton version required (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds allowed per child process (a first GPU run may JIT-build AITER modules)")
+    parser.add_argument("--json", action="store_true", help="print the JSON report on one line (for the deploy)")
+    args = parser.parse_args(argv)
+    report = run_smoke(args.site_packages, args.state_dir, args.expect_triton, args.timeout)
+    print(json.dumps(report, sort_keys=True) if args.json else json.dumps(report, indent=2, sort_keys=True))
+    print("\n".join(summary_lines(report)), file=sys.stderr)
+    return 1 if report[FAILED] or report[WRONG] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

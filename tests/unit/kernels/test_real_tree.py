@@ -1,0 +1,52 @@
+"""The engine on the real gfx942 tree of amd-aiter 0.1.7.post2.dev18 from PyPI (cached by lab.wheelhouse)."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cdna2.host.probe import tree_digest
+from cdna2.kernels import manifest, translate_tree
+from lab import wheelhouse
+
+# Measured with LLVM 22.1.8 (translator version 1): 178 of 1,281 code objects are portable.
+EXPECTED_WRITTEN = 178
+EXPECTED_CODE_OBJECTS = 1281
+
+
+@pytest.fixture(scope="module")
+def real_source() -> Path:
+    return wheelhouse.installed_tree(wheelhouse.AITER) / "aiter_meta/hsa/gfx942"
+
+
+@pytest.mark.slow
+def test_real_tree_translates_consistently_and_caches(real_source, tmp_path, llvm_tools):
+    cache = tmp_path / "cache"
+    first = translate_tree(real_source, tmp_path / "first" / "gfx90a", cache_dir=cache)
+    dst = tmp_path / "first" / "gfx90a"
+    assert first["cache"]["status"] == "miss"
+    assert first["counts"] == {"code_objects": EXPECTED_CODE_OBJECTS, "blocked": EXPECTED_CODE_OBJECTS -
+                               EXPECTED_WRITTEN, "written": EXPECTED_WRITTEN}
+
+    written = sorted(dst.rglob("*.co"))
+    assert len(written) == EXPECTED_WRITTEN
+    assert all(struct.unpack_from("<I", p.read_bytes(), 0x30)[0] & 0xFF == 0x3F for p in written)
+    listing = subprocess.run([llvm_tools.tool("llvm-objdump"), "-d", "--mcpu=gfx90a", *map(str, written)],
+                             capture_output=True, text=True)
+    assert listing.returncode == 0 and listing.stderr == ""
+    assert "<unknown>" not in listing.stdout and "invalid" not in listing.stdout
+    assert "_bf16 " not in listing.stdout.replace("_bf16_1k", ""), "every gfx942 bf16 MFMA spelling is rewritten"
+
+    csvs = [p.relative_to(dst).as_posix() for p in dst.rglob("*.csv")]
+    assert csvs and not any(manifest.dangling_rows(dst, csv) for csv in csvs)
+    assert first["manifest_rows"]["kept"] > 0 and first["manifest_rows"]["dropped"] > 0
+
+    again = translate_tree(real_source, tmp_path / "second" / "gfx90a")
+    assert again["output_digest"] == first["output_digest"] == tree_digest(dst), "same input, same bytes"
+
+    cached = translate_tree(real_source, tmp_path / "third" / "gfx90a", cache_dir=cache)
+    assert cached["cache"]["status"] == "hit"
+    assert tree_digest(tmp_path / "third" / "gfx90a") == first["output_digest"]

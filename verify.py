@@ -1,0 +1,45 @@
+"""Report drift on every host, read-only: exit non-zero when any host is not as the last deploy left it.
+
+    pyinfra -y inventory/lab.py verify.py
+
+Per host, a fresh probe (with every AITER and vLLM file compared to its RECORD) is compared with the `deployed`
+record the deploy wrote there: AITER, vLLM, torch or triton upgraded or replaced underneath us, a patch lost or a
+patched file edited, kernels missing or altered. Nothing on any host changes; run the deploy to repair.
+"""
+
+from pyinfra import host, inventory, state
+
+from cdna2.agent import agent_dir
+from cdna2.drift import find_drift
+from cdna2.patches import plan_package
+from cdna2.report import FAILED, summarise_probe
+from operations.facts import HostProbe
+from operations.patches import probe_files
+from operations.preflight import load_data_files, validate_inventory
+from operations.report import RunRecorder
+from operations.verify import drift_free
+
+report = RunRecorder.install(state, mode="verify").report
+data = host.data
+
+validate_inventory(inventory)
+catalog, _ = load_data_files(data)
+
+probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
+                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+                      patch_files={package: catalog.target_files(package) for package in catalog.packages()},
+                      record_check=[package for package in catalog.packages()])
+summarise_probe(report.host(host.name), probe)
+
+deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})
+plans = {}
+for package in deployed_sets:
+    found = probe["distributions"].get(package)
+    if found is not None:
+        files, record = probe_files(probe, package)
+        plans[package] = plan_package(catalog, package, found["version"], files, record,
+                                      [name for name in deployed_sets[package] if name in catalog.optional_sets()])
+
+drift = find_drift(probe, plans)
+report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
+drift_free(name="verify: the host is as deployed", drift=drift)
