@@ -371,7 +371,8 @@ def import_results(imports: dict) -> list[dict]:
     """The triton and aiter checks from ``importcheck.run_checks`` (each import ran in its own child)."""
     by_module = {check["module"]: check for check in imports["checks"]}
     triton_checks = [by_module["triton"], by_module["triton.runtime.autotuner"]]
-    failed = [check["message"] for check in triton_checks if check["status"] != "passed"]
+    failed = [check["message"] + (f" ({check['output'].strip().splitlines()[-1]})" if check["output"].strip() else "")
+              for check in triton_checks if check["status"] != "passed"]
     triton = result("triton_autotuner_import", STATIC, FAILED if failed else PASSED,
                     "; ".join(failed) or "import triton and import triton.runtime.autotuner succeed in a child")
     aiter = by_module["aiter"]
@@ -381,13 +382,16 @@ def import_results(imports: dict) -> list[dict]:
 
 
 def _newest_mtime(path: Path) -> int:
-    """Newest modification time (ns) of a file, or of a directory and everything in it."""
-    newest = path.lstat().st_mtime_ns
-    if path.is_dir() and not path.is_symlink():
-        for directory, _, files in os.walk(path):
-            for entry in [directory, *(os.path.join(directory, name) for name in files)]:
-                newest = max(newest, os.lstat(entry).st_mtime_ns)
-    return newest
+    """Newest modification time (ns) of a file, or of the files in a directory (its own when it holds none).
+
+    Directory times are left out: creating a lock or an empty folder in a build tree touches them, building does
+    not necessarily, so only file times say when something was built.
+    """
+    if not path.is_dir() or path.is_symlink():
+        return path.lstat().st_mtime_ns
+    times = [os.lstat(os.path.join(directory, name)).st_mtime_ns
+             for directory, _, files in os.walk(path) for name in files]
+    return max(times, default=path.lstat().st_mtime_ns)
 
 
 def stale_jit_outputs(transaction: Transaction) -> list[str]:

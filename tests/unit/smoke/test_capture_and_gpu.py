@@ -1,0 +1,117 @@
+"""fd-level capture, load-line proof, the judging of GPU results, and the GPU-skipped path.
+
+No GPU and no ROCm torch exist here, so the GPU cases themselves never run in these tests. The capture runs for
+real in child processes; the judging is fed child reports written as test doubles, in the shape smoke_gpu prints
+and with load lines in the exact formats AITER's C++ sources print.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cdna2.host import smoke, smoke_gpu
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# A child that writes around and inside the capture, the way AITER's loader and HIP do: os.write straight to fds 1
+# and 2, C stdio with no newline (buffered in libc while fd 1 is a file), and a grandchild inheriting the fds.
+CAPTURING_CHILD = textwrap.dedent("""
+    import ctypes, json, os, subprocess, sys
+    from cdna2.host.smoke_gpu import captured_fds
+    print("before", flush=True)
+    with captured_fds() as captured:
+        os.write(1, b"[aiter] hipModuleLoad: /site/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co\\n")
+        os.write(2, b"fd2 line\\n")
+        print("python print")
+        ctypes.CDLL(None).printf(b"libc buffered")
+        subprocess.run([sys.executable, "-c", "import os; os.write(1, b'grandchild fd1\\\\n')"], check=True)
+    print(json.dumps({"captured": captured.text}))
+""")
+
+
+def test_captured_fds_takes_what_bypasses_python_stdout_and_restores_the_fds() -> None:
+    completed = subprocess.run([sys.executable, "-c", CAPTURING_CHILD], capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60, check=True)
+    lines = completed.stdout.splitlines()
+    assert lines[0] == "before" and len(lines) == 2, f"captured text leaked to the real stdout: {lines}"
+    captured = json.loads(lines[1])["captured"]
+    for expected in ("hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co", "fd2 line", "python print", "libc buffered",
+                     "grandchild fd1"):
+        assert expected in captured, f"{expected!r} was not captured: {captured!r}"
+    assert completed.stderr == "", "fd 2 output inside the block must be captured, not reach the real stderr"
+
+
+def test_load_lines_reads_every_known_format() -> None:
+    captured = "\n".join([
+        # amd-aiter 0.1.7.post2.dev18, aiter_hip_common.h AiterAsmKernel (std::cout, always)
+        "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co GetFunction: "
+        "_ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE Success",
+        # later AITER, AITER_LOG_LEVEL=info (field-notes §6), double slash as logged
+        "[aiter] LoadKernel: _ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE hsaco: /s/aiter_meta/hsa//gfx90a/pa/x.co",
+        # HIP API trace, AMD_LOG_LEVEL=3
+        ":3:hip_module.cpp :58 : 1 us: [pid:1 tid:0x1]  hipModuleLoad ( 0x7ffd1, "
+        "/s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16.co ) ",
+        "UserWarning: df.copy() is not a code object line",
+    ])
+    assert [load["path"] for load in smoke.load_lines(captured)] == [
+        "/s/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co",
+        "/s/aiter_meta/hsa/gfx90a/pa/x.co",
+        "/s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16.co",
+    ]
+
+
+def child_report(rel_rms: float | None = 1e-4, close: float = 100.0, captured: str = "", **extra) -> dict:
+    """Test double for a smoke_gpu run report (no GPU here to produce a real one)."""
+    return {"case": "x", "error": None, "rel_rms": rel_rms, "close_percent": close, "finite": rel_rms is not None,
+            "elapsed_ms": 0.25, "captured": captured, "captured_tail": "", **extra}
+
+
+PA, FMHA, WINDOW = smoke.GPU_CHECKS[2], smoke.GPU_CHECKS[0], smoke.GPU_CHECKS[3]
+PA_GFX90A = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co GetFunction: k"
+PA_GFX942 = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx942/pa/pa_bf16_noquant_gqa8_1tg_4w.co GetFunction: k"
+
+
+def test_correct_with_a_gfx90a_load_line_passes() -> None:
+    check = smoke.judge_gpu_case(PA, child_report(captured=PA_GFX90A))
+    assert check["status"] == "passed" and "hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co" in check["detail"]
+
+
+def test_correct_without_gfx90a_proof_is_a_fallback_and_fails() -> None:
+    for captured in ("", PA_GFX942):
+        check = smoke.judge_gpu_case(PA, child_report(captured=captured))
+        assert check["status"] == "failed" and "a fallback computed it" in check["detail"]
+    wrong_family = smoke.judge_gpu_case(FMHA, child_report(captured=PA_GFX90A))
+    assert wrong_family["status"] == "failed", "a pa load does not prove fmha_v3_fwd ran on ASM"
+
+
+def test_fast_but_wrong_is_wrong_even_with_the_asm_kernel_loaded() -> None:
+    for report in (child_report(rel_rms=0.5, captured=PA_GFX90A), child_report(close=97.0, captured=PA_GFX90A),
+                   child_report(rel_rms=None, captured=PA_GFX90A)):
+        check = smoke.judge_gpu_case(PA, report)
+        assert check["status"] == "wrong" and check["detail"].startswith("WRONG:"), check
+
+
+def test_errors_fail_and_the_sliding_window_guard_needs_no_load_line() -> None:
+    failed = smoke.judge_gpu_case(PA, {"error": "RuntimeError: invalid argument for fmha_fwd",
+                                       "captured_tail": "[AITER] fail to call hipModuleLoad"})
+    assert failed["status"] == "failed" and "fail to call hipModuleLoad" in failed["detail"]
+    assert smoke.judge_gpu_case(WINDOW, child_report())["status"] == "passed"
+    assert smoke.judge_gpu_case(WINDOW, child_report(rel_rms=0.3))["status"] == "wrong"
+
+
+def test_without_torch_every_gpu_check_is_skipped_never_passed() -> None:
+    checks, device = smoke.gpu_checks(timeout=120)
+    assert device is None
+    assert [check["name"] for check in checks] == [check.name for check in smoke.GPU_CHECKS]
+    for check in checks:
+        assert check["status"] == "skipped" and check["kind"] == "gpu", check
+        assert check["detail"].startswith("skipped: no gfx90a device (no torch"), check["detail"]
+
+
+def test_every_gpu_check_names_a_case_the_child_knows() -> None:
+    assert {check.case for check in smoke.GPU_CHECKS} == set(smoke_gpu.CASES)
