@@ -19,6 +19,7 @@ from cdna2.patches import plan_package
 from cdna2.plan import (FAIL, PROCEED, arch_skip_reason, deployed_record, installed_versions, kernels_decision,
                         target_env_error)
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
+from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import HostProbe
 from operations.kernels import translated_kernels, translated_tree_for
@@ -43,11 +44,14 @@ probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=dat
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()})
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
+# The wheel plan is made now: a host it cannot serve (a ROCm the matrix lacks) is failed before anything changes.
+wheel_plan = wheel_plan_for(probe) if data.install_wheels and not env_error else None
+wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 
-if env_error:
-    report.step(host.name, "probe", FAILED, env_error)
-    python.raise_exception(name="probe: the target Python environment exists", exception=OperationError,
-                           message=f"{host.name}: {env_error}")
+if env_error or wheel_error:
+    report.step(host.name, "probe" if env_error else "wheels", FAILED, env_error or wheel_error)
+    python.raise_exception(name="preflight: the host can be provisioned", exception=OperationError,
+                           message=f"{host.name}: {env_error or wheel_error}; nothing on it was changed")
 else:
     report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
 
@@ -60,21 +64,15 @@ else:
              current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir, once=True)
 
     # 4. Wheels before kernels and patches: those work on the AITER and vLLM that end up installed.
-    aiter_reinstalled, requirements = False, []
-    if data.install_wheels:
-        wheel_plan = wheel_plan_for(probe)
-        actions = getattr(wheel_plan, "actions", None)
-        aiter_reinstalled = any(action.package == "amd-aiter" for action in actions or ())
-        requirements = [action.requirement for action in actions or ()]
-        if actions is None:
-            report.step(host.name, "wheels", FAILED, str(wheel_plan))
-        else:
-            report.step(host.name, "wheels", PLANNED if actions else UNCHANGED,
-                        "; ".join(action.requirement for action in actions) or "as planned")
-            report.host(host.name).package_changes(action.requirement for action in actions)
-        wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan)
-    else:
+    actions = wheel_plan.actions if wheel_plan is not None else ()
+    aiter_reinstalled = any(action.package == "amd-aiter" for action in actions)
+    requirements = [action.requirement for action in actions]
+    if wheel_plan is None:
         report.step(host.name, "wheels", SKIPPED, "install_wheels is off for this host")
+    else:
+        report.step(host.name, "wheels", PLANNED if actions else UNCHANGED, "; ".join(requirements) or "as planned")
+        report.host(host.name).package_changes(requirements)
+        wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan)
 
     # The probe describes the AITER found before this run; a reinstalled one is translated and patched next run.
     stale = "amd-aiter is (re)installed by this run: run the deploy again to translate and patch it"

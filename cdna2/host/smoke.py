@@ -125,10 +125,13 @@ class HostView:
     def gfx90a_tree(self) -> Path | None:
         return Path(self.aiter["hsa_root"], "gfx90a") if self.aiter and self.aiter["hsa_root"] else None
 
+    def errors_about(self, path: Path) -> list[str]:
+        return [error for error in self.errors if error.startswith(str(path))]
+
 
 @contextmanager
 def searched_first(site_packages: Path) -> Iterator[None]:
-    """Put ``site_packages`` first on the metadata search path (a no-op for the target Python's own directory)."""
+    """Put ``site_packages`` first on the metadata search path (for the target Python's own one, nothing changes)."""
     entry = str(site_packages)
     sys.path.insert(0, entry)
     try:
@@ -172,11 +175,15 @@ def check_gfx90a_tree(view: HostView) -> dict:
     name = "gfx90a_tree"
     tree = view.gfx90a_tree
     if tree is None:
-        why = "; ".join(view.errors) or f"amd-aiter is not installed for {sys.executable} (searched {view.site_packages})"
+        why = "; ".join(view.errors) or (f"amd-aiter is not installed for {sys.executable} "
+                                         f"(searched {view.site_packages} first)")
         return result(name, STATIC, FAILED, f"AITER's kernel tree was not found: {why}")
     if not tree.is_dir():
         return result(name, STATIC, FAILED, f"{tree} is missing: run the deploy to install the translated kernels")
-    if view.tool_state is None or "kernels" not in view.tool_state:
+    if view.tool_state is None:
+        return result(name, STATIC, FAILED, "; ".join(view.errors_about(view.state_dir / "state.json")) +
+                      ": the kernels record cannot be read; run the deploy to record the tree again")
+    if "kernels" not in view.tool_state:
         return result(name, STATIC, FAILED, f"{tree} exists but {view.state_dir / 'state.json'} has no kernels "
                                             f"record, so this tool did not install it: run the deploy")
     recorded, actual = view.tool_state["kernels"]["digest"], view.aiter["gfx90a_digest"]
@@ -284,8 +291,10 @@ def check_patch_sets(view: HostView) -> dict:
             continue
         transaction = by_package.get(package)
         if transaction is None:
-            problems.append(f"{package}: no patch transaction under {view.state_dir / 'backups' / package}; "
-                            f"run the deploy (or this host has apply_patches off)")
+            backup_dir = view.state_dir / "backups" / package
+            problems.append(f"{package}: " + ("; ".join(view.errors_about(backup_dir)) or
+                                              f"no patch transaction under {backup_dir}") +
+                            "; run the deploy (or this host has apply_patches off)")
             continue
         if transaction.interrupted:
             problems.append(f"{package}: interrupted transaction in {transaction.backup_dir}: run "
@@ -311,7 +320,10 @@ def _record_entries(dist_name: str) -> list[tuple[str, str]]:
 
 
 def _skipped_by_record_check(path: str, own_trees: tuple[str, ...]) -> bool:
-    return "__pycache__" in PurePosixPath(path).parts or path.startswith(own_trees)
+    """Bytecode, our own kernel trees, and console-script wrappers outside site-packages (``../../bin/vllm``,
+    which pip writes per interpreter and ``pip install --target`` leaves elsewhere) are not package files."""
+    parts = PurePosixPath(path).parts
+    return "__pycache__" in parts or ".." in parts or path.startswith(own_trees)
 
 
 def record_mismatches(location: Path, dist_name: str, touched: set[str], own_trees: tuple[str, ...]) \
@@ -352,7 +364,7 @@ def check_record(view: HostView) -> dict:
                                             f"something changed the packages outside this tool: reinstall them, "
                                             f"then run the deploy")
     return result(name, STATIC, PASSED, f"{' and '.join(counts)} files match RECORD (patched files are checked "
-                                        f"by patch_sets_applied)")
+                                        f"by patch_sets_applied; bytecode and console scripts are not checked)")
 
 
 def check_triton_version(view: HostView, expected: str) -> dict:

@@ -132,6 +132,14 @@ def _sdpa_reference(torch, q, k, v, mask):
     return torch.nn.functional.scaled_dot_product_attention(q32, k32, v32, attn_mask=mask).transpose(1, 2)
 
 
+def _window_mask(torch, length: int, window: int | None):
+    """True where query i may see key j: everything (``window`` None), or causal with j > i - window."""
+    rows = torch.arange(length, device="cuda")
+    if window is None:
+        return torch.ones(length, length, dtype=torch.bool, device="cuda")
+    return (rows[None, :] <= rows[:, None]) & (rows[:, None] - rows[None, :] < window)
+
+
 # --- the cases ----------------------------------------------------------------------------------------------------
 
 def fmha_v3_fwd(causal: bool) -> Callable[[], dict]:
@@ -147,8 +155,7 @@ def fmha_v3_fwd(causal: bool) -> Callable[[], dict]:
         k = _uniform(torch, (batch, seqlen, heads_kv, dim), generator)
         v = _uniform(torch, (batch, seqlen, heads_kv, dim), generator)
         out, elapsed = _timed(lambda: aiter.flash_attn_func(q, k, v, causal=causal))
-        mask = torch.ones(seqlen, seqlen, dtype=torch.bool, device="cuda")
-        reference = _sdpa_reference(torch, q, k, v, mask.tril() if causal else mask)
+        reference = _sdpa_reference(torch, q, k, v, _window_mask(torch, seqlen, seqlen if causal else None))
         return {**compare(reference, out), "elapsed_ms": elapsed}
     return run
 
@@ -206,10 +213,9 @@ def sliding_window() -> dict:
         q, k, v, cu_seqlens, cu_seqlens, max(lengths), max(lengths), causal=True, window_size=(window - 1, 0)))
     pieces = []
     for start, length in zip((0, lengths[0]), lengths):
-        rows = torch.arange(length, device="cuda")
-        keep = (rows[None, :] <= rows[:, None]) & (rows[:, None] - rows[None, :] < window)
         part = slice(start, start + length)
-        pieces.append(_sdpa_reference(torch, q[None, part], k[None, part], v[None, part], keep)[0])
+        pieces.append(_sdpa_reference(torch, q[None, part], k[None, part], v[None, part],
+                                      _window_mask(torch, length, window))[0])
     return {**compare(torch.cat(pieces), out), "elapsed_ms": elapsed}
 
 

@@ -35,7 +35,6 @@ from cdna2.kernels import elf, isa, llvm, manifest
 TRANSLATOR_VERSION = "1"
 REPORT_FORMAT = 1
 MAX_BLOCKERS_LISTED = 20
-MANIFEST_SUBDIRS = ("", "MI300/", "MI308/")  # the fmha dispatcher inserts a product folder at load time
 BRANCH_PREFIXES = ("s_branch", "s_cbranch_", "s_call_b64")  # objdump prints their targets as labels
 LIMITATIONS = (
     "MFMA wait states are not re-derived: V_MFMA_F32_16X16X16* is 4-pass on gfx942 and 8-pass on gfx90a (7 vs 11 "
@@ -125,9 +124,12 @@ def _prove(expected: list[str], actual: list[str]) -> str | None:
 
 
 def _check_target(notes: str) -> str | None:
-    if "gfx90a" not in notes or "gfx942" in notes:
-        return "llvm-readelf does not report gfx90a only (header flags / metadata target)"
-    return None
+    """llvm-readelf must name gfx90a in the header flags and in every metadata target line."""
+    lines = [line for line in notes.splitlines() if line.strip().startswith(("Flags:", "amdhsa.target:"))]
+    if not any(line.strip().startswith("Flags:") for line in lines):
+        return "llvm-readelf printed no header flags"
+    wrong = [line.strip() for line in lines if "gfx90a" not in line]
+    return f"llvm-readelf does not say gfx90a: {'; '.join(wrong)}" if wrong else None
 
 
 def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
@@ -417,6 +419,7 @@ def _from_cache(entry: Path, dst: Path, report_base: dict, progress: Progress) -
     if tree_digest(entry / "tree") != report["output_digest"]:
         progress(f"cache entry {entry} does not match its recorded digest; translating again")
         shutil.rmtree(entry)
+        report_base["cache"]["status"] = "miss: corrupt entry replaced"
         return None
     staging = _staging_for(dst)
     shutil.copytree(entry / "tree", staging)
@@ -425,12 +428,19 @@ def _from_cache(entry: Path, dst: Path, report_base: dict, progress: Progress) -
 
 
 def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
+    """Copy the finished tree and its report into the cache, appearing in one rename."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
     temporary = entry.with_name(f"{entry.name}.tmp.{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
     shutil.copytree(staging, temporary / "tree")
     (temporary / "report.json").write_text(json.dumps(report, sort_keys=True))
-    shutil.rmtree(entry, ignore_errors=True)
-    temporary.rename(entry)
+    try:
+        temporary.rename(entry)
+    except OSError:
+        # Another run stored the same key meanwhile: same inputs, same bytes, so its entry serves.
+        shutil.rmtree(temporary)
+        if not (entry / "report.json").is_file():
+            raise
 
 
 def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: Path | None = None,
@@ -456,18 +466,14 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
 
     kernel_paths, others = _list_tree(src)
     staging = _staging_for(dst)
-    with _pool(jobs) as pool:
-        analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
-        kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
-        staging.mkdir()
-        written_started = time.monotonic()
-        portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
-        try:
-            outcomes = _write_kernels(src, staging, analysis, portable, tools, jobs, pool, progress)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
     try:
+        with _pool(jobs) as pool:
+            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
+            kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+            written_started = time.monotonic()
+            staging.mkdir()
+            portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
+            outcomes = _write_kernels(src, staging, analysis, portable, tools, jobs, pool, progress)
         for relpath, (patched, error) in outcomes.items():
             if error:
                 kernels[relpath].update(status="error", reason=f"proof failed: {error}")
@@ -492,7 +498,6 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             "carried_files": carried, "limitations": list(LIMITATIONS),
         }
         if cache_dir is not None:
-            Path(cache_dir).mkdir(parents=True, exist_ok=True)
             _store_in_cache(Path(cache_dir) / key, staging, report)
         _move_into_place(staging, dst)
     finally:

@@ -53,3 +53,10 @@ def host_snapshot(lab_host: dict) -> dict[str, str | None]:
         "dist-info": "".join(sorted(p.name for p in site.glob("*.dist-info"))),
         "aiter": tree_digest(site / "aiter"),
     }
+
+
+def ssh(lab: dict, lab_host: dict, command: str) -> subprocess.CompletedProcess:
+    """Run ``command`` on a lab host as an operator would: real ssh, the lab key, host-key checking on."""
+    return subprocess.run(["ssh", "-i", lab["ssh"]["key"], "-o", f"UserKnownHostsFile={lab['ssh']['known_hosts']}",
+                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(lab_host["port"]),
+                           f"root@{lab_host['address']}", command], capture_output=True, text=True, timeout=300)

@@ -4,20 +4,13 @@ leaves every host RECORD-pristine; a second rollback changes nothing."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import run_pyinfra, site_packages
+from tests.lab.deploy_runner import run_pyinfra, site_packages, ssh
 
 pytestmark = pytest.mark.lab
-
-
-def ssh(lab: dict, lab_host: dict, command: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ssh", "-i", lab["ssh"]["key"], "-o", f"UserKnownHostsFile={lab['ssh']['known_hosts']}",
-                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(lab_host["port"]),
-                           f"root@{lab_host['address']}", command], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,8 @@ def install_gfx90a_tree(tree: Path) -> None:
     files = {
         "pa/pa_bf16_noquant_gqa8_1tg_4w.co": code_object(GFX90A, "pa gqa8"),
         "pa/pa_asm.csv": b"qType,kvType,Gqa,Mtp,Msk,Hp,blkSz,knl_name,knl_file\n"
-                         b"bf16,bf16,8,0,0,0,16,_ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE,pa_bf16_noquant_gqa8_1tg_4w.co\n",
+                         b"bf16,bf16,8,0,0,0,16,_ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE,"
+                         b"pa_bf16_noquant_gqa8_1tg_4w.co\n",
         "fmha_v3_fwd/MI300/fwd_hd128_bf16.co": code_object(GFX90A, "fmha mi300"),
         "fmha_v3_fwd/fmha_fwd.csv": b"hdim,knl_name,co_name\n128,_ZN5aiter18fmha_fwd_hd128_bf16E,fwd_hd128_bf16.co\n",
         "all_reduce.co": code_object(GFX90A, "all reduce"),

@@ -64,7 +64,8 @@ def test_machine_of_reads_the_e_flags_low_byte(tmp_path: Path) -> None:
 
 def test_a_dangling_manifest_row_is_named_and_product_folders_count(host) -> None:
     with open(host.tree / "pa/pa_asm.csv", "a") as manifest:
-        manifest.write("bf16,bf16,16,0,0,0,16,_ZN5aiter28pa_bf16_noquant_gqa16_1tg_4wE,pa_bf16_noquant_gqa16_1tg_4w.co\n")
+        manifest.write("bf16,bf16,16,0,0,0,16,_ZN5aiter28pa_bf16_noquant_gqa16_1tg_4wE,"
+                       "pa_bf16_noquant_gqa16_1tg_4w.co\n")
         manifest.write("bf16,bf16,16,0,0,0,16,escape,../../gfx942/pa/pa_bf16_noquant_gqa8_1tg_4w.co\n")
     check = host.run(smoke.check_manifests)
     assert check["status"] == "failed"
@@ -171,3 +172,12 @@ def test_an_orphan_lock_fails_and_a_held_lock_passes(host) -> None:
     with open(lock):  # a live build keeps its baton open (AITER's FileBaton)
         held = host.run(smoke.check_jit_locks)
     assert held["status"] == "passed" and "held by a running build" in held["detail"]
+
+
+def test_unreadable_records_are_named_not_mistaken_for_absent_ones(host) -> None:
+    (host.state_dir / "state.json").write_text("{not json")
+    (host.state_dir / "backups/vllm" / txn.STATE).write_text("{not json")
+    tree = host.run(smoke.check_gfx90a_tree)
+    assert tree["status"] == "failed" and "state.json: unreadable tool state" in tree["detail"]
+    patches = host.run(smoke.check_patch_sets)
+    assert patches["status"] == "failed" and "backups/vllm/state.json: unreadable patch record" in patches["detail"]
