@@ -80,6 +80,7 @@ class RunReport:
 
     def __init__(self, mode: str, inventory: str, started: datetime | None = None):
         self.mode = mode
+        self.executed = True  # False for a dry run: decisions only, nothing was carried out
         self.inventory = inventory
         self.started = started or datetime.now(timezone.utc)
         self.rows: dict[str, HostRow] = {}
@@ -94,6 +95,7 @@ class RunReport:
         return {
             "format": REPORT_FORMAT,
             "mode": self.mode,
+            "executed": self.executed,
             "inventory": self.inventory,
             "started": self.started.isoformat(timespec="seconds"),
             "hosts": [dict(asdict(row), status=row.status) for row in self.rows.values()],
@@ -105,7 +107,8 @@ class RunReport:
                             key=lambda name: STEP_ORDER.index(name) if name in STEP_ORDER else len(STEP_ORDER))
         header = ["host", "status", "ROCm", "arch", *PACKAGES, *step_names, "changes this run"]
         lines = [
-            f"# {self.mode} report: {self.inventory}, {self.started.isoformat(timespec='seconds')}",
+            f"# {self.mode} report{'' if self.executed else ' (dry run: nothing executed)'}: {self.inventory}, "
+            f"{self.started.isoformat(timespec='seconds')}",
             "",
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
@@ -125,7 +128,7 @@ class RunReport:
     def write(self, directory: Path) -> tuple[Path, Path]:
         """Write ``<mode>-<time>.json`` and ``.md`` plus ``latest.json``/``latest.md``, each atomically."""
         directory.mkdir(parents=True, exist_ok=True)
-        stem = f"{self.mode}-{self.started.strftime('%Y%m%dT%H%M%SZ')}"
+        stem = f"{self.mode}{'' if self.executed else '-dry'}-{self.started.strftime('%Y%m%dT%H%M%SZ')}"
         json_text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
         markdown = self.to_markdown()
         for name, text in ((f"{stem}.json", json_text), (f"{stem}.md", markdown),

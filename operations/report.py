@@ -88,9 +88,7 @@ class RunRecorder(BaseStateCallback):
                 step.status = UNCHANGED
 
     def finish(self) -> None:
-        executed = self.state.current_stage >= StateStage.Execute
-        if not executed:
-            self.report.mode = f"{self.report.mode} (dry run: nothing executed)"
+        self.report.executed = self.state.current_stage >= StateStage.Execute
         for host in self.state.failed_hosts:
             row = self.report.host(host.name)
             if row.status != FAILED:

@@ -27,6 +27,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -471,22 +472,34 @@ def static_checks(view: HostView, expected_triton: str, timeout: float) -> list[
 # --- GPU checks ---------------------------------------------------------------------------------------------------
 
 def _gpu_child(args: list[str], timeout: float) -> dict:
-    """Run ``cdna2.host.smoke_gpu ARGS`` in a fresh process; its last stdout line is its JSON report."""
+    """Run ``cdna2.host.smoke_gpu ARGS`` in a fresh process; its last stdout line is its JSON report.
+
+    The child's captured fd output goes to a file here, so what it printed before dying is still reported.
+    """
     env = {**os.environ, **GPU_CHILD_ENV,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(AGENT_ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-B", "-m", "cdna2.host.smoke_gpu", *args]
-    try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:g} s"}
-    lines = completed.stdout.strip().splitlines()
-    if completed.returncode != 0 or not lines or not lines[-1].startswith("{"):
+    with tempfile.TemporaryDirectory(prefix="cdna2-smoke-") as scratch:
+        capture_file = Path(scratch, "captured.log")
+        command = [sys.executable, "-B", "-m", "cdna2.host.smoke_gpu", *args]
+        if args[0] == "run":
+            command += ["--capture-file", str(capture_file)]
+        try:
+            completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout:g} s", "captured_tail": _tail_of(capture_file)}
+        lines = completed.stdout.strip().splitlines()
+        if completed.returncode == 0 and lines and lines[-1].startswith("{"):
+            return json.loads(lines[-1])
         # AITER's HIP_CALL prints the HIP error and calls exit(0): a child can end "successfully" with no report.
         number = importcheck.signal_of(completed.returncode)
         how = f"{signal.Signals(number).name} (exit {128 + number})" if number else f"exit {completed.returncode}"
         tail = (completed.stdout + completed.stderr).strip()[-800:]
-        return {"error": f"'smoke_gpu {' '.join(args)}' ended with {how} and no report{': ' + tail if tail else ''}"}
-    return json.loads(lines[-1])
+        return {"error": f"'smoke_gpu {' '.join(args)}' ended with {how} and no report{': ' + tail if tail else ''}",
+                "captured_tail": _tail_of(capture_file)}
+
+
+def _tail_of(path: Path) -> str:
+    return path.read_bytes()[-smoke_gpu.CAPTURED_TAIL:].decode("utf-8", errors="replace") if path.is_file() else ""
 
 
 def load_lines(captured: str) -> list[dict]:

@@ -26,6 +26,7 @@ import tempfile
 import time
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Callable, Iterator
 
 # Pass rule of AITER's gfx90a kernel tests (field-notes §6.1): rel_rms < 0.02 and more than 99% of the elements
@@ -55,12 +56,16 @@ def _flush_all_output() -> None:
 
 
 @contextmanager
-def captured_fds() -> Iterator[CapturedOutput]:
-    """Send everything written to fds 1 and 2, by this process or any child it starts, to a temporary file."""
+def captured_fds(sink_path: Path | None = None) -> Iterator[CapturedOutput]:
+    """Send everything written to fds 1 and 2, by this process or any child it starts, to a file.
+
+    With ``sink_path`` the file stays behind, so a parent can still read it when this process dies inside the
+    block (AITER's HIP_CALL calls exit(0) on a HIP error, a bad code object can crash the process).
+    """
     captured = CapturedOutput()
     _flush_all_output()
     saved = (os.dup(1), os.dup(2))
-    with tempfile.TemporaryFile() as sink:
+    with open(sink_path, "w+b") if sink_path else tempfile.TemporaryFile() as sink:
         try:
             os.dup2(sink.fileno(), 1)
             os.dup2(sink.fileno(), 2)
@@ -228,10 +233,10 @@ CASES: dict[str, Callable[[], dict]] = {
 }
 
 
-def run_case(name: str) -> dict:
-    """Run one case with fds 1 and 2 captured; an exception is reported, not raised."""
+def run_case(name: str, capture_file: Path | None = None) -> dict:
+    """Run one case with fds 1 and 2 captured (into ``capture_file`` if given); an exception is reported, not raised."""
     result: dict = {"case": name, "error": None}
-    with captured_fds() as captured:
+    with captured_fds(capture_file) as captured:
         try:
             result.update(CASES[name]())
         except Exception as error:  # the parent reports it as a failed check, with the traceback's last lines
@@ -249,8 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("device", help="describe the first GPU torch sees")
     run_parser = commands.add_parser("run", help="run one case against its torch reference")
     run_parser.add_argument("case", choices=sorted(CASES))
+    run_parser.add_argument("--capture-file", type=Path, help="keep the captured fd 1/2 output in this file")
     args = parser.parse_args(argv)
-    report = describe_device() if args.command == "device" else run_case(args.case)
+    report = describe_device() if args.command == "device" else run_case(args.case, args.capture_file)
     print(json.dumps(report, sort_keys=True))
     return 0
 

@@ -115,3 +115,20 @@ def test_without_torch_every_gpu_check_is_skipped_never_passed() -> None:
 
 def test_every_gpu_check_names_a_case_the_child_knows() -> None:
     assert {check.case for check in smoke.GPU_CHECKS} == set(smoke_gpu.CASES)
+
+
+def test_a_child_dying_inside_the_capture_leaves_its_output_in_the_sink_file(tmp_path: Path) -> None:
+    # AITER's HIP_CALL: printf the HIP error, then exit(0) from inside the kernel call.
+    sink = tmp_path / "captured.log"
+    dying = textwrap.dedent(f"""
+        import ctypes
+        from pathlib import Path
+        from cdna2.host.smoke_gpu import captured_fds
+        with captured_fds(Path({str(sink)!r})):
+            ctypes.CDLL(None).printf(b"[AITER] asm_pa.cu:231 fail to call hipModuleLoad ---> [HIP error]")
+            ctypes.CDLL(None).exit(0)
+    """)
+    completed = subprocess.run([sys.executable, "-c", dying], capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert completed.returncode == 0 and completed.stdout == ""
+    assert "fail to call hipModuleLoad" in smoke._tail_of(sink)

@@ -1,0 +1,49 @@
+"""End-to-end on the simulated lab: --dry previews every change (patches as unified diffs, the kernel upload, the
+pip commands) and changes nothing; the real run then applies exactly that, and leaves the gfx942 host alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.lab.deploy_runner import host_snapshot, run_pyinfra
+
+pytestmark = pytest.mark.lab
+
+
+def test_dry_run_shows_diffs_and_changes_nothing_then_deploy_applies(lab: dict, tmp_path: Path) -> None:
+    assert run_pyinfra("-y", "rollback.py", report_dir=tmp_path).returncode == 0
+    before = {host["name"]: host_snapshot(host) for host in lab["hosts"]}
+
+    dry = run_pyinfra("deploy.py", "--dry", report_dir=tmp_path)
+    assert dry.returncode == 0, dry.output[-4000:]
+    assert {host["name"]: host_snapshot(host) for host in lab["hosts"]} == before, "--dry changed a host"
+    assert dry.report["mode"] == "deploy" and dry.report["executed"] is False
+    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+        name = lab_host["name"]
+        lines = [line.split("]", 1)[1].strip() for line in dry.output.splitlines() if f"[{name}]" in line]
+        assert any(line.startswith("patches: vllm ") for line in lines), lines
+        assert any(line.startswith("kernels: upload gfx90a-") for line in lines), lines
+        row = dry.row(name)
+        assert row["steps"]["kernels"]["status"] == "planned"
+        diffs = [change["diff"] for change in row["details"]["patches vllm"]["changes"]]
+        assert diffs and all(diff.startswith("--- a/vllm/") for diff in diffs)
+        # pyinfra indents the first line of a log message; every diff's body is printed as it is in the report.
+        assert all(diff.split("\n", 1)[1] in dry.output for diff in diffs), "every diff is printed"
+    assert "--- a/vllm/v1/attention/backends/rocm_aiter_fa.py" in dry.output
+
+    applied = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert applied.returncode == 0, applied.output[-4000:]
+    for lab_host in lab["hosts"]:
+        after = host_snapshot(lab_host)
+        if lab_host["arch"] == "gfx90a":
+            assert after["hsa"] != before[lab_host["name"]]["hsa"], "kernels installed"
+            steps = applied.row(lab_host["name"])["steps"]
+            assert steps["patches vllm"]["status"] == steps["patches amd-aiter"]["status"] == "changed"
+        else:
+            steps = applied.row(lab_host["name"])["steps"]
+            assert steps["kernels"]["status"] == "skipped" and "left alone" in steps["kernels"]["detail"]
+            assert "patches amd-aiter" in steps and steps["patches amd-aiter"]["status"] == "skipped"
+            assert {k: v for k, v in after.items() if k != "state"} == \
+                {k: v for k, v in before[lab_host["name"]].items() if k != "state"}, "gfx942 host left alone"
