@@ -26,6 +26,7 @@ from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import load_data_files, validate_inventory
 from operations.report import RunRecorder
+from operations.smoke import smoke_passed
 from operations.state import recorded
 from operations.wheels import packages as wheel_packages
 
@@ -118,7 +119,17 @@ else:
         patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                         target_python=data.target_python, state_dir=data.state_dir)
 
-    # 7. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
+    # 7. Prove it on gfx90a hosts (a read: no change). Without a gfx90a device the GPU checks say "skipped".
+    if not data.smoke_tests:
+        report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
+    elif skip_patches or aiter_reinstalled:
+        report.step(host.name, "smoke", SKIPPED, skip_patches or stale)
+    else:
+        smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report,
+                     site_packages=probe["distributions"]["amd-aiter"]["location"],
+                     target_python=data.target_python, state_dir=data.state_dir)
+
+    # 8. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
     if not aiter_reinstalled:
         recorded(name="state: the deployed state is recorded", key="deployed",
                  value=deployed_record(probe, requirements, kernels_digest, patch_sets),

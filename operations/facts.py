@@ -10,6 +10,8 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
+from operations.agent import agent_command
+
 PROBE_SOURCE = resources.files("cdna2").joinpath("host", "probe.py").read_text()
 
 
@@ -48,3 +50,27 @@ class HostProbe(FactBase[dict]):
             return json.loads("\n".join(output))
         except ValueError as error:
             raise FactProcessError(f"host probe printed no JSON ({error}); first line: {output[:1]}") from error
+
+
+class SmokeResult(FactBase[dict]):
+    """
+    Returns the on-host smoke test's JSON (cdna2/host/smoke.py), run from the installed agent in a fresh process:
+    ``{"checks": [{"name", "kind", "status", "detail"}], "passed", "failed", "skipped", "wrong", "device"}``.
+
+    The smoke test exits 1 when a check failed; the fact still returns its JSON so the deploy can name the checks.
+    """
+
+    @override
+    def command(self, target_python: str, state_dir: str, site_packages: str, expect_triton: str) -> StringCommand:
+        return StringCommand(
+            agent_command(target_python, state_dir, "smoke", "--site-packages", site_packages,
+                          "--state-dir", state_dir, "--expect-triton", expect_triton, "--json"),
+            "|| true",
+        )
+
+    @override
+    def process(self, output: list[str]) -> dict[str, Any]:
+        try:
+            return json.loads(output[-1])
+        except (ValueError, IndexError) as error:
+            raise FactProcessError(f"smoke test printed no JSON ({error}): {output[-3:]}") from error
