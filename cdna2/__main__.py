@@ -23,14 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m cdna2", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            # A command group not built yet in this checkout is absent from --help, never a crash.
-            if not (module_name + ".").startswith(error.name + "."):
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 

@@ -30,7 +30,7 @@ def _inside(root: Path, pattern: str) -> None:
         raise ValueError(f"{pattern}: JIT patterns must be relative to the site-packages root {root}")
 
 
-def _open_file_ids() -> set[tuple[int, int]]:
+def open_file_ids() -> set[tuple[int, int]]:
     """(device, inode) of every file any visible process has open."""
     ids = set()
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
@@ -81,7 +81,7 @@ def invalidate(root: Path, patterns: list[str]) -> dict:
         target = root / relative
         if target.exists() or target.is_symlink():
             _remove(target)
-    open_ids = _open_file_ids()
+    open_ids = open_file_ids()
     stale, held = [], []
     for lock in sorted(root.glob(LOCK_GLOB)):
         relative = str(lock.relative_to(root))

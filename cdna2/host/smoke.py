@@ -448,7 +448,7 @@ def check_jit_locks(view: HostView) -> dict:
         return result(name, STATIC, SKIPPED, f"amd-aiter is not installed for {sys.executable}: no JIT directory")
     root = Path(aiter["location"])
     locks = sorted(root.glob(jit.LOCK_GLOB))
-    open_ids = jit._open_file_ids()
+    open_ids = jit.open_file_ids()
     held = [str(lock.relative_to(root)) for lock in locks if jit.lock_is_held(lock, open_ids)]
     orphans = [str(lock.relative_to(root)) for lock in locks if str(lock.relative_to(root)) not in held]
     if orphans:
