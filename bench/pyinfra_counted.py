@@ -2,7 +2,8 @@
 
     python bench/pyinfra_counted.py COUNTS.json -- INVENTORY deploy.py [pyinfra options]
 
-Run from the repository root, like pyinfra itself. The real CLI runs unchanged; the SSH connector's three entry
+Run from the root of the checkout to measure, like pyinfra itself (bench/deploy runs it in a snapshot of the
+repository, so this file need not live in the tree it measures). The real CLI runs unchanged; the SSH connector's three entry
 points are wrapped to count as they pass through:
 
 - ``commands``: shell commands, one SSH exec channel each (facts, operation commands, the kernel source fetch);
@@ -23,8 +24,6 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 # What an upload carries, from its remote path (operations/agent.py, kernels.py, patches.py name them so).
 UPLOAD_KINDS = (("/staging/gfx90a-", "kernels"), ("/agent-", "agent"), (".cdna2-staged", "patches"),
@@ -105,7 +104,7 @@ def instrument(counts: Counts) -> None:
 
 def instrument_kernels(counts: Counts) -> None:
     """Count translations and source fetches where deploy.py's kernel step calls them (module globals)."""
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, os.getcwd())  # the measured checkout, the one pyinfra loads deploy.py from
     from operations import kernels
 
     ensure_translation, fetch_gfx942_tree = kernels.ensure_translation, kernels.fetch_gfx942_tree

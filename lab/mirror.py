@@ -37,6 +37,7 @@ from urllib.parse import unquote, urlparse
 import yaml
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from cdna2.host.probe import file_sha256
 from lab import kinds, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -98,14 +99,6 @@ def mirror_wheels() -> list[Path]:
     return sorted(set(_aiter_closure() + named), key=lambda path: path.name)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_simple_index(root: Path, wheels: list[Path]) -> None:
     by_project: dict[str, list[Path]] = {}
     for wheel in wheels:
@@ -116,7 +109,7 @@ def _write_simple_index(root: Path, wheels: list[Path]) -> None:
     (simple / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{links}</body></html>\n")
     for name, files in by_project.items():
         (simple / name).mkdir()
-        anchors = "".join(f'<a href="../../wheels/{html.escape(wheel.name)}#sha256={_sha256(wheel)}">'
+        anchors = "".join(f'<a href="../../wheels/{html.escape(wheel.name)}#sha256={file_sha256(wheel)}">'
                           f"{html.escape(wheel.name)}</a>\n" for wheel in sorted(files))
         (simple / name / "index.html").write_text(f"<!DOCTYPE html>\n<html><body>\n{anchors}</body></html>\n")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -24,7 +23,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from cdna2.host.probe import tree_digest
+from cdna2.host.probe import file_sha256, tree_digest
 from cdna2.host.state import host_lock, update_state
 
 STATE_KEY = "kernels"
@@ -34,14 +33,6 @@ AT_FDCWD = -100
 
 class KernelInstallError(RuntimeError):
     pass
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def exchange_directories(first: Path, second: Path) -> bool:

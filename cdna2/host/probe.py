@@ -49,6 +49,17 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
+def file_sha256(path: Path) -> str | None:
+    """Hex sha256 of a file, read in blocks; None when it is not a file."""
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _digest_of_entries(entries: list[tuple[str, str, str]]) -> str:
     lines = "".join(f"{path},{hash_field},{size}\n" for path, hash_field, size in sorted(entries))
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()

@@ -269,7 +269,7 @@ def _patched_file_states(transaction: Transaction) -> dict[str, str]:
     """Per file of the transaction: ``patched`` or what it is instead."""
     states = {}
     for relative, hashes in sorted(transaction.record["files"].items()):
-        current = txn.sha256_file(transaction.root / relative)
+        current = probe.file_sha256(transaction.root / relative)
         if hashes["patched_sha256"] is None:
             states[relative] = "its patch never finished"
         elif current == hashes["patched_sha256"]:

@@ -67,8 +67,10 @@ def read_state(state_dir: Path) -> dict[str, Any]:
 
 def write_file_atomically(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to a staged file beside ``path``, fsync it, then rename it over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     staged = path.with_name(f".{path.name}.staged-{os.getpid()}")
     descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    os.fchmod(descriptor, mode)  # the umask must not narrow the mode of a file that replaces another
     try:
         with os.fdopen(descriptor, "wb") as stream:
             stream.write(data)

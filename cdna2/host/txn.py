@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
+
+from cdna2.host.probe import file_sha256
+from cdna2.host.state import fsync_directory, write_file_atomically
 
 STATE = "state.json"
 JOURNAL = "journal.json"
@@ -36,44 +38,13 @@ class TxnError(Exception):
         self.path = path
 
 
-def sha256_file(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _rename(source: Path, target: Path) -> None:
     """The one place a staged file replaces its target (tests fail it to simulate a crash mid-transaction)."""
     os.replace(source, target)
 
 
-def _write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".{path.name}.cdna2-tmp")
-    with open(staging, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if mode is not None:
-        os.chmod(staging, mode)
-    os.replace(staging, path)
-    _fsync_dir(path.parent)
-
-
 def _write_json(path: Path, document: dict) -> None:
-    _write_atomic(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    write_file_atomically(path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
 def _read_json(path: Path) -> dict | None:
@@ -107,16 +78,16 @@ def _roll_forward(backup_dir: Path, journal: dict) -> None:
     root = Path(journal["root"])
     for entry in journal["entries"]:
         target = _inside(root, entry["path"])
-        if sha256_file(target) == entry["new_sha256"]:
+        if file_sha256(target) == entry["new_sha256"]:
             continue  # renamed before the interruption
         staged = Path(entry["staged"])
-        if sha256_file(staged) != entry["new_sha256"]:
+        if file_sha256(staged) != entry["new_sha256"]:
             raise TxnError(f"{target}: neither renamed nor staged ({staged} is missing or changed); cannot finish "
                            f"the {journal['kind']} of {journal['package']}: restore the package by reinstalling it",
                            entry["path"])
         _rename(staged, target)
     for directory in {_inside(root, entry["path"]).parent for entry in journal["entries"]}:
-        _fsync_dir(directory)
+        fsync_directory(directory)
     _finish(backup_dir, journal)
 
 
@@ -131,7 +102,7 @@ def _finish(backup_dir: Path, journal: dict) -> None:
         (backup_dir / JOURNAL).unlink()
         shutil.rmtree(backup_dir / ORIGINALS, ignore_errors=True)
         (backup_dir / STATE).unlink(missing_ok=True)
-    _fsync_dir(backup_dir)
+    fsync_directory(backup_dir)
 
 
 def recover(backup_dir: Path) -> dict:
@@ -158,12 +129,12 @@ def _verify_manifest(root: Path, changes: list[dict]) -> None:
     """Every check before anything is written: current hashes, staged hashes, same filesystem."""
     for change in changes:
         target = _inside(root, change["path"])
-        current = sha256_file(target)
+        current = file_sha256(target)
         if current != change["expected_sha256"]:
             raise TxnError(f"{target}: sha256 is {current}, the plan expected {change['expected_sha256']}; the file "
                            f"changed since it was probed: re-plan", change["path"])
         staged = Path(change["staged"])
-        if sha256_file(staged) != change["new_sha256"]:
+        if file_sha256(staged) != change["new_sha256"]:
             raise TxnError(f"{staged}: staged content does not hash to {change['new_sha256']}; upload it again",
                            change["path"])
         if os.stat(staged).st_dev != os.stat(target.parent).st_dev:
@@ -178,7 +149,7 @@ def _back_up_originals(backup_dir: Path, root: Path, state: dict, changes: list[
         if path in state["files"]:
             continue
         target = _inside(root, path)
-        _write_atomic(_inside(backup_dir / ORIGINALS, path), target.read_bytes(), mode=target.stat().st_mode & 0o7777)
+        write_file_atomically(_inside(backup_dir / ORIGINALS, path), target.read_bytes(), mode=target.stat().st_mode & 0o7777)
         state["files"][path] = {"original_sha256": change["expected_sha256"], "patched_sha256": None}
     _write_json(backup_dir / STATE, state)
 
@@ -219,7 +190,7 @@ def revert(backup_dir: Path, root: Path) -> dict:
         entries = []
         for path, hashes in sorted(state["files"].items()):
             target = _inside(root, path)
-            current = sha256_file(target)
+            current = file_sha256(target)
             if current == hashes["original_sha256"]:
                 continue
             if current != hashes["patched_sha256"]:
@@ -228,7 +199,7 @@ def revert(backup_dir: Path, root: Path) -> dict:
             original = _inside(backup_dir / ORIGINALS, path)
             staged = target.with_name(f".{target.name}.cdna2-revert")
             shutil.copy2(original, staged)
-            if sha256_file(staged) != hashes["original_sha256"]:
+            if file_sha256(staged) != hashes["original_sha256"]:
                 raise TxnError(f"{original}: backup does not hash to the recorded original "
                                f"{hashes['original_sha256']}; the backup is damaged: reinstall the package", path)
             entries.append({"path": path, "staged": str(staged), "old_sha256": current,

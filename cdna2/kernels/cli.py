@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
 from cdna2.kernels.isa import BUCKET_NAMES
@@ -83,25 +84,23 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-def run_translate(args: argparse.Namespace) -> int:
+def _run(command: str, produce: Callable[[], dict], json_path: Path | None) -> int:
+    """Exit 1 when the input is unusable (nothing written), 2 when some kernels are errors, else 0."""
     try:
-        report = translate_tree(args.src, args.dst, jobs=args.jobs, cache_dir=args.cache, progress=_progress)
+        report = produce()
     except (TranslationError, LlvmNotFoundError, LlvmOutputError) as error:
-        print(f"translate: {error}", file=sys.stderr)
+        print(f"{command}: {error}", file=sys.stderr)
         return 1
-    if args.report:
-        write_json(args.report, report)
+    if json_path:
+        write_json(json_path, report)
     print(_summary(report))
     return 2 if _errors(report) else 0
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    return _run("translate", lambda: translate_tree(args.src, args.dst, jobs=args.jobs, cache_dir=args.cache,
+                                                    progress=_progress), args.report)
 
 
 def run_classify(args: argparse.Namespace) -> int:
-    try:
-        report = classify_tree(args.src, jobs=args.jobs, progress=_progress)
-    except (TranslationError, LlvmNotFoundError, LlvmOutputError) as error:
-        print(f"classify: {error}", file=sys.stderr)
-        return 1
-    if args.json:
-        write_json(args.json, report)
-    print(_summary(report))
-    return 2 if _errors(report) else 0
+    return _run("classify", lambda: classify_tree(args.src, jobs=args.jobs, progress=_progress), args.json)

@@ -8,12 +8,12 @@ mismatching site refuses every set of that package on that host.
 
 from __future__ import annotations
 
-import base64
 import difflib
 import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
+from cdna2.host.probe import record_hash
 from cdna2.patches.catalog import Catalog, PatchSet, Site, Variant
 
 PRISTINE, PATCHED, MISMATCH, ABSENT = "pristine", "patched", "mismatch", "absent"
@@ -21,12 +21,6 @@ PRISTINE, PATCHED, MISMATCH, ABSENT = "pristine", "patched", "mismatch", "absent
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def record_hash(data: bytes) -> str:
-    """The hash field of a wheel RECORD row (PEP 376/427): ``sha256=<urlsafe base64, no padding>``."""
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 @dataclass(frozen=True)

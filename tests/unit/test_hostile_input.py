@@ -6,8 +6,9 @@ Injected commands all try to create a marker file; each test proves the marker n
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import runpy
 import subprocess
 from pathlib import Path
 
@@ -19,13 +20,15 @@ from cdna2.host import txn
 from cdna2.hostdata import problems_for, schema
 from cdna2.kernels import translate_tree
 from cdna2.patches import catalog as patch_catalog
-from group_data import all as group_defaults
 from operations.agent import agent_command
 from operations.facts import HostProbe
-from tests.unit.kernels.conftest import BF16_MFMA
+from tests.unit.kernels.conftest import BF16_MFMA, build_code_object, llvm_tools  # noqa: F401 (fixtures)
 
-# A directory name that is a shell program if anything splices it into a command line unquoted.
-HOSTILE_NAME = "we ird'$(touch {marker})\";touch {marker};`touch {marker}`"
+ROOT = Path(__file__).resolve().parents[2]
+
+# A file or directory name that is a shell program if anything splices it into a command line unquoted; the marker
+# it creates is relative, so every test runs its commands from the directory the `marker` fixture watches.
+HOSTILE_NAME = "we ird'$(touch pwned)\";touch pwned;`touch pwned`"
 
 
 def shell_payloads(marker: Path) -> list[str]:
@@ -35,8 +38,9 @@ def shell_payloads(marker: Path) -> list[str]:
 
 @pytest.fixture
 def defaults() -> dict:
-    return {key: value for key, value in vars(group_defaults).items() if not key.startswith("_")
-            and not callable(value) and not isinstance(value, type(os))}
+    """group_data/all.py as pyinfra reads it: its public module-level names."""
+    namespace = runpy.run_path(str(ROOT / "group_data/all.py"))
+    return {key: value for key, value in namespace.items() if not key.startswith("__")}
 
 
 @pytest.fixture
@@ -90,26 +94,32 @@ def fake_interpreter(directory: Path) -> Path:
 
 def test_agent_commands_quote_every_value_through_a_real_shell(tmp_path: Path, marker: Path) -> None:
     # The schema would refuse these values; this proves the second line of defence: the quoting itself.
-    hostile = tmp_path / HOSTILE_NAME.format(marker=marker)
+    hostile = tmp_path / HOSTILE_NAME
     python = fake_interpreter(hostile / "bin")
     state_dir = str(hostile / "state")
     arguments = [f"x; touch {marker}", "two words", "it's", '"$HOME"']
     command = agent_command(str(python), state_dir, "kernels", "install", *arguments)
-    result = subprocess.run(["/bin/sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True)
+    result = subprocess.run(["/bin/sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True,
+                            cwd=marker.parent)
     assert json.loads(result.stdout) == {"argv": ["-B", "-m", "cdna2.host.kernels", "install", *arguments],
                                          "pythonpath": f"{state_dir}/agent"}
 
 
 def test_probe_command_passes_hostile_options_through_as_data(tmp_path: Path, marker: Path) -> None:
-    hostile = tmp_path / HOSTILE_NAME.format(marker=marker)
+    hostile = tmp_path / HOSTILE_NAME
     python = fake_interpreter(hostile / "bin")
     options = {"target_python": str(python), "rocm_root": f"/opt/rocm; touch {marker}",
                "state_dir": f"$(touch {marker})", "agent_dir": f"`touch {marker}`",
                "patch_files": {"vllm": [f"a'b; touch {marker}.py"]}}
     command = HostProbe().command(**options)
-    result = subprocess.run(["/bin/sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True)
+    result = subprocess.run(["/bin/sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True,
+                            cwd=marker.parent)
     argv = json.loads(result.stdout)["argv"]
     assert argv[0] == "-c" and json.loads(argv[2]) == dict(options, record_check=[])
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _package(root: Path) -> Path:
@@ -126,10 +136,10 @@ def test_txn_manifest_rows_outside_the_tree_are_refused_before_any_write(tmp_pat
     staged.write_text("arch = 'gfx90a'\n")
     backup_dir = tmp_path / "backups" / "pkg"
     manifest = {"root": str(root), "package": "pkg", "backup_dir": str(backup_dir), "jit_invalidations": [],
-                "changes": [{"path": "pkg/gate.py", "expected_sha256": txn.sha256_file(root / "pkg" / "gate.py"),
-                             "staged": str(staged), "new_sha256": txn.sha256_file(staged)},
-                            {"path": row, "expected_sha256": txn.sha256_file(tmp_path / "outside.py"),
-                             "staged": str(staged), "new_sha256": txn.sha256_file(staged)}]}
+                "changes": [{"path": "pkg/gate.py", "expected_sha256": sha256(root / "pkg" / "gate.py"),
+                             "staged": str(staged), "new_sha256": sha256(staged)},
+                            {"path": row, "expected_sha256": sha256(tmp_path / "outside.py"),
+                             "staged": str(staged), "new_sha256": sha256(staged)}]}
     with pytest.raises(txn.TxnError, match="must be a relative path inside"):
         txn.apply(manifest)
     assert (root / "pkg" / "gate.py").read_text() == "arch = 'gfx942'\n", "the valid row was not applied either"
@@ -138,16 +148,19 @@ def test_txn_manifest_rows_outside_the_tree_are_refused_before_any_write(tmp_pat
 
 
 @pytest.fixture
-def hostile_tree(tmp_path: Path, build_code_object, marker: Path) -> Path:
+def hostile_tree(tmp_path: Path, build_code_object, marker: Path, monkeypatch) -> Path:
     """A gfx942 tree whose file names are shell programs, plus a valid kernel, a corrupt one and a truncated one."""
     src = tmp_path / "hsa" / "gfx942"
-    family = src / HOSTILE_NAME.format(marker=marker)
-    good = build_code_object(family / "ok bf16 'k'.co", "v_mov_b32_e32 v0, v1", BF16_MFMA)
+    monkeypatch.chdir(marker.parent)
+    family = src / HOSTILE_NAME
+    built = build_code_object(tmp_path / "ok_bf16.co", "v_mov_b32_e32 v0, v1", BF16_MFMA)
+    family.mkdir(parents=True)
+    good = built.rename(family / "ok bf16 'k'.co")
     data = good.read_bytes()
-    (family / f"x; touch {marker}.co").write_bytes(data[:64] + bytes(len(data) - 64))  # ELF header, then zeros
+    (family / "x; touch pwned.co").write_bytes(data[:64] + bytes(len(data) - 64))  # ELF header, then zeros
     (family / "truncated.co").write_bytes(data[: len(data) // 3])
     (family / "kernels.csv").write_text("knl_name,knl_file\nk1,ok bf16 'k'.co\n"
-                                        f"k2,x; touch {marker}.co\nk3,truncated.co\n")
+                                        "k2,x; touch pwned.co\nk3,truncated.co\n")
     return src
 
 
@@ -157,7 +170,7 @@ def test_corrupt_code_objects_and_hostile_names_are_reported_without_a_crash(hos
     report = translate_tree(hostile_tree, dst, jobs=1)
     family = next(hostile_tree.iterdir()).name
     statuses = {Path(relpath).name: entry["status"] for relpath, entry in report["kernels"].items()}
-    assert statuses == {"ok bf16 'k'.co": "written", f"x; touch {hostile_tree.parent.parent / 'pwned'}.co": "error",
+    assert statuses == {"ok bf16 'k'.co": "written", "x; touch pwned.co": "error",
                         "truncated.co": "error"}
     written = sorted(path.name for path in (dst / family).iterdir())
     assert written == ["kernels.csv", "ok bf16 'k'.co"], "only the valid kernel (and its manifest) is written"

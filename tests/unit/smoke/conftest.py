@@ -64,7 +64,7 @@ def patch(host: Host, package: str, changes: dict[str, bytes], jit_invalidations
         target = host.site / relative
         staged = target.with_name(target.name + ".cdna2-staged")
         staged.write_bytes(new)
-        manifest_changes.append({"path": relative, "expected_sha256": txn.sha256_file(target),
+        manifest_changes.append({"path": relative, "expected_sha256": probe.file_sha256(target),
                                  "staged": str(staged), "new_sha256": sha256(new)})
     txn.apply({"root": str(host.site), "package": package, "backup_dir": str(host.state_dir / "backups" / package),
                "changes": manifest_changes, "jit_invalidations": jit_invalidations})
