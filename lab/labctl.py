@@ -75,7 +75,13 @@ class LabPaths:
 
     @classmethod
     def default(cls) -> LabPaths:
-        return cls(Path(os.environ.get("CDNA2_LAB_DIR") or REPO / ".lab").resolve())
+        if os.environ.get("CDNA2_LAB_DIR"):
+            return cls(Path(os.environ["CDNA2_LAB_DIR"]).resolve())
+        in_repo = (REPO / ".lab").resolve()
+        if any(in_repo.is_relative_to(mount_point) for mount_point in HOST_BINDS):
+            # A checkout under /tmp (say, a CI clone) cannot hold the lab: each host replaces /tmp with its own.
+            return cls(wheelhouse.cache_root() / "labs" / hashlib.sha256(str(REPO).encode()).hexdigest()[:16])
+        return cls(in_repo)
 
     @property
     def state_file(self) -> Path:
