@@ -73,7 +73,8 @@ else:
     else:
         report.step(host.name, "wheels", PLANNED if actions else UNCHANGED, "; ".join(requirements) or "as planned")
         report.host(host.name).package_changes(requirements)
-        wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan)
+        wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan,
+                       state_dir=data.state_dir)
 
     # The probe describes the AITER found before this run; a reinstalled one is translated and patched next run.
     stale = "amd-aiter is (re)installed by this run: run the deploy again to translate and patch it"

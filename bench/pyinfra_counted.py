@@ -3,16 +3,20 @@
     python bench/pyinfra_counted.py COUNTS.json -- INVENTORY deploy.py [pyinfra options]
 
 Run from the root of the checkout to measure, like pyinfra itself (bench/deploy runs it in a snapshot of the
-repository, so this file need not live in the tree it measures). The real CLI runs unchanged; the SSH connector's three entry
-points are wrapped to count as they pass through:
+repository, so this file need not live in the tree it measures). The real CLI runs unchanged; the SSH connector's
+entry points (connect, shell command, file upload and download) and pyinfra's fact loader are wrapped to count and
+time what passes through them:
 
-- ``commands``: shell commands, one SSH exec channel each (facts, operation commands, the kernel source fetch);
+- ``commands``: shell commands, one SSH exec channel each (facts, operation commands, the kernel source fetch),
+  and ``command_s``, the wall time spent waiting on them;
+- ``connect_s``: the SSH connection (TCP, key exchange, authentication);
 - ``uploads`` / ``downloads``: SFTP file transfers and their bytes, uploads split by what they carry;
-- ``facts``: fact commands by fact name (``operations.facts.HostProbe`` is the deploy's one probe);
+- ``facts`` / ``fact_s``: fact commands and their wall time by fact name (``operations.facts.HostProbe`` is the
+  deploy's one probe);
 - controller-side: the kernel translations (``ensure_translation``) and gfx942 source fetches of the run.
 
-COUNTS.json is written when the CLI exits (any exit code); this process exits with the CLI's code. Counting adds a
-dict update per command and is left out of nothing: the measured run is the real deploy.
+COUNTS.json is written when the CLI exits (any exit code); this process exits with the CLI's code. The wrappers add
+a few dict updates per command; every command, transfer and fact of the real deploy still runs.
 """
 
 from __future__ import annotations
@@ -47,8 +51,9 @@ def local_size(filename_or_io) -> int:
 class Counts:
     def __init__(self) -> None:
         self.hosts: dict[str, dict] = defaultdict(lambda: {
-            "commands": 0, "facts": defaultdict(int), "uploads": 0, "upload_bytes": defaultdict(int),
-            "downloads": 0, "download_bytes": 0})
+            "connect_s": 0.0, "commands": 0, "command_s": 0.0, "facts": defaultdict(int),
+            "fact_s": defaultdict(float), "uploads": 0, "upload_bytes": defaultdict(int), "downloads": 0,
+            "download_bytes": 0})
         self.translations: list[dict] = []
         self.source_fetches: list[str] = []
 
@@ -56,7 +61,10 @@ class Counts:
         self_usage = resource.getrusage(resource.RUSAGE_SELF)
         children_usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return {
-            "hosts": {name: {**row, "facts": dict(row["facts"]), "upload_bytes": dict(row["upload_bytes"])}
+            "hosts": {name: {**row, "connect_s": round(row["connect_s"], 3), "command_s": round(row["command_s"], 3),
+                             "facts": dict(row["facts"]),
+                             "fact_s": {fact: round(seconds, 3) for fact, seconds in row["fact_s"].items()},
+                             "upload_bytes": dict(row["upload_bytes"])}
                       for name, row in sorted(self.hosts.items())},
             "translations": self.translations,
             "source_fetches": self.source_fetches,
@@ -69,13 +77,25 @@ def instrument(counts: Counts) -> None:
     from pyinfra.api import facts
     from pyinfra.connectors.ssh import SSHConnector
 
-    run_shell_command, put_file, get_file = (SSHConnector.run_shell_command, SSHConnector.put_file,
-                                             SSHConnector.get_file)
+    connect, run_shell_command = SSHConnector.connect, SSHConnector.run_shell_command
+    put_file, get_file = SSHConnector.put_file, SSHConnector.get_file
     get_one_fact = facts._get_fact
 
+    def timed_connect(self):
+        started = time.monotonic()
+        try:
+            return connect(self)
+        finally:
+            counts.hosts[self.host.name]["connect_s"] += time.monotonic() - started
+
     def counted_run_shell_command(self, command, *args, **kwargs):
-        counts.hosts[self.host.name]["commands"] += 1
-        return run_shell_command(self, command, *args, **kwargs)
+        row = counts.hosts[self.host.name]
+        row["commands"] += 1
+        started = time.monotonic()
+        try:
+            return run_shell_command(self, command, *args, **kwargs)
+        finally:
+            row["command_s"] += time.monotonic() - started
 
     def counted_put_file(self, filename_or_io, remote_filename, *args, **kwargs):
         row = counts.hosts[self.host.name]
@@ -92,9 +112,15 @@ def instrument(counts: Counts) -> None:
         return fetched
 
     def counted_get_fact(state, host, cls, *args, **kwargs):
-        counts.hosts[host.name]["facts"][cls().name] += 1
-        return get_one_fact(state, host, cls, *args, **kwargs)
+        row, name = counts.hosts[host.name], cls().name
+        row["facts"][name] += 1
+        started = time.monotonic()
+        try:
+            return get_one_fact(state, host, cls, *args, **kwargs)
+        finally:
+            row["fact_s"][name] += time.monotonic() - started
 
+    SSHConnector.connect = timed_connect
     SSHConnector.run_shell_command = counted_run_shell_command
     SSHConnector.put_file = counted_put_file
     SSHConnector.get_file = counted_get_file

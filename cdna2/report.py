@@ -113,14 +113,20 @@ class RunReport:
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
         ]
+        notes = {row.host: list(row.notes) for row in self.rows.values()}
         for row in self.rows.values():
+            # A reason shared by several steps (a gfx942 host left alone) is written once, under Notes.
+            details = [step.detail for step in row.steps.values() if step.detail]
+            shared = {detail for detail in details if details.count(detail) > 1}
+            notes[row.host].extend(sorted(shared))
             cells = [row.host, row.status, row.rocm or "?", row.arch or "?",
                      *(row.packages.get(name) or "-" for name in PACKAGES),
-                     *(row.steps[name].cell() if name in row.steps else "-" for name in step_names),
+                     *((f"{row.steps[name].status} (see notes)" if row.steps[name].detail in shared
+                        else row.steps[name].cell()) if name in row.steps else "-" for name in step_names),
                      ", ".join(row.changes) or "none"]
             lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
-        for title, attribute in (("Errors", "errors"), ("Notes", "notes")):
-            entries = [(row.host, text) for row in self.rows.values() for text in getattr(row, attribute)]
+        for title, source in (("Errors", {row.host: row.errors for row in self.rows.values()}), ("Notes", notes)):
+            entries = [(host, text) for host, texts in source.items() for text in texts]
             if entries:
                 lines += ["", f"## {title}", ""] + [f"- {host}: {text}" for host, text in entries]
         return "\n".join(lines) + "\n"

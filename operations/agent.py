@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import socket
+import uuid
 from functools import cache
 
 from pyinfra import host
@@ -11,15 +15,26 @@ from cdna2.agent import AgentBundle, agent_dir, build_agent_bundle
 from cdna2.cache import cache_root
 
 
+# This controller run, as the host's run lease names it (cdna2/host/state.py): who, from where, which process.
+RUN = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} (run {uuid.uuid4().hex[:12]})"
+
+
 def agent_command(target_python: str, state_dir: str, module: str, *args: str) -> StringCommand:
     """``<target_python> -B -m cdna2.host.<module> ARGS`` run from the installed agent, every value quoted.
 
     ``-B`` keeps Python from writing __pycache__ into the agent directory, whose digest decides re-uploads.
+    ``CDNA2_RUN`` names this run: the host's locked commands hold the run lease for it.
     """
     return StringCommand(
-        "env", QuoteString(f"PYTHONPATH={agent_dir(state_dir)}"), QuoteString(target_python), "-B", "-m",
-        QuoteString(f"cdna2.host.{module}"), *(QuoteString(arg) for arg in args),
+        "env", QuoteString(f"PYTHONPATH={agent_dir(state_dir)}"), QuoteString(f"CDNA2_RUN={RUN}"),
+        QuoteString(target_python), "-B", "-m", QuoteString(f"cdna2.host.{module}"), *(QuoteString(arg) for arg in args),
     )
+
+
+def lease_command(target_python: str, state_dir: str) -> StringCommand:
+    """Take (or keep) the host's run lease: the first command of every step that changes the host, so a second
+    controller stops there, before it uploads or installs anything."""
+    return agent_command(target_python, state_dir, "state", "lease", "--state-dir", state_dir)
 
 
 @cache

@@ -11,7 +11,7 @@ from pyinfra.api.host import Host
 
 from cdna2.cache import cache_root
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
-from operations.agent import agent_command
+from operations.agent import agent_command, lease_command
 
 # One translation per source digest per run, however many hosts share it: deploy.py runs once per host, in
 # parallel greenlets, and the first host with a given tree does the work while the others wait for it.
@@ -90,6 +90,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
     replaced = f"tree {installed_digest[:12]}" if installed_digest else "nothing (absent)"
     logger.info(f"{host.print_prefix}kernels: upload {tree.archive.name} ({tree.archive.stat().st_size} bytes, "
                 f"{tree.kernels} kernels) and replace {hsa_root}/gfx90a: {replaced} -> {tree.digest[:12]}")
+    yield lease_command(target_python, state_dir)
     yield StringCommand("mkdir", "-p", QuoteString(f"{state_dir}/staging"))
     yield FileUploadCommand(str(tree.archive), remote_archive)
     yield agent_command(target_python, state_dir, "kernels", "install", "--archive", remote_archive,

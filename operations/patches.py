@@ -11,7 +11,7 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from cdna2.patches import PackagePlan
-from operations.agent import agent_command
+from operations.agent import agent_command, lease_command
 from operations.util import fail_host_command, first_pass
 
 
@@ -85,6 +85,7 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
             logger.info(change.diff)
     manifest = change_manifest(plan, site_packages, state_dir)
     manifest_path = f"{state_dir}/staging/patch-{plan.package}.json"
+    yield lease_command(target_python, state_dir)
     yield StringCommand("mkdir", "-p", QuoteString(f"{state_dir}/staging"))
     for change, entry in zip(plan.changes, manifest["changes"]):
         yield FileUploadCommand(io.BytesIO(change.new_bytes), entry["staged"])

@@ -8,7 +8,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from cdna2.report import FAILED, RunReport
 from cdna2.rollback import RollbackPlan
 from cdna2.wheels import PipAction
-from operations.agent import agent_command
+from operations.agent import agent_command, lease_command
 from operations.facts import HostProbe
 from operations.util import fail_host_command
 
@@ -45,6 +45,7 @@ def rolled_back(plan: RollbackPlan, triton: PipAction | None, target_python: str
     if plan.empty:
         host.noop("nothing to roll back: no patch backups, no gfx90a tree, no tool state")
         return
+    yield lease_command(target_python, state_dir)
     for revert in plan.reverts:
         yield agent_command(target_python, state_dir, "txn", "revert", "--backup-dir", revert["backup_dir"],
                             "--root", revert["root"])

@@ -42,6 +42,9 @@ def smoke_passed(report: RunReport, site_packages: str, target_python: str, stat
     bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")]
     summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
                f"{result['skipped']} skipped")
+    gpu_skips = [check["detail"] for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
+    if gpu_skips:
+        summary += f" (GPU checks {gpu_skips[0]})"
     report.step(host.name, "smoke", FAILED if bad else "ok", summary)
     report.host(host.name).details["smoke"] = result
     if bad:

@@ -8,6 +8,7 @@ from pyinfra import host, logger
 from pyinfra.api import OperationTypeError, QuoteString, StringCommand, operation
 
 from cdna2.wheels import WheelPlan, WheelPlanError
+from operations.agent import lease_command
 from operations.util import fail_host_command, first_pass
 
 IMPORTCHECK_SOURCE = resources.files("cdna2").joinpath("host", "importcheck.py").read_text()
@@ -19,11 +20,12 @@ def import_check_command(python: str) -> StringCommand:
 
 
 @operation()
-def packages(plan: WheelPlan | WheelPlanError):
+def packages(plan: WheelPlan | WheelPlanError, state_dir: str):
     """
     Install the wheels a host's plan names, in order, then prove triton (and AITER) import.
 
     + plan: the host's ``cdna2.wheels.plan_wheels(...)`` result, or the ``WheelPlanError`` it raised for this host
+    + state_dir: the tool's state directory on the host (its run lease is taken before pip runs)
 
     Order:
         torch, amd-aiter, vLLM, and ``triton==3.7.1`` last: the plan lists only what differs from the probe's
@@ -53,6 +55,7 @@ def packages(plan: WheelPlan | WheelPlanError):
         wheels.packages(
             name="Ensure ROCm-matched wheels, triton 3.7.1 last",
             plan=plan,
+            state_dir="/var/lib/cdna2",
         )
     """
     if isinstance(plan, WheelPlanError):
@@ -71,6 +74,7 @@ def packages(plan: WheelPlan | WheelPlanError):
         for number, action in enumerate(plan.actions, 1):
             logger.info(f"{host.print_prefix}wheels: {number}. {action.description}")
             logger.info(f"{host.print_prefix}wheels:    {StringCommand(*map(QuoteString, action.argv))}")
+    yield lease_command(plan.python, state_dir)
     for action in plan.actions:
         yield StringCommand(*(QuoteString(arg) for arg in action.argv))
     yield import_check_command(plan.python)

@@ -2,8 +2,13 @@
 
 Every step that changes a host records what it did here (under its own key), so a later run, ``verify.py`` and
 ``rollback.py`` know what was installed, from what, and what to restore. Updates are atomic (write a staged file,
-fsync, rename) and serialised by an exclusive lock on ``<state_dir>/lock``, which also keeps two controllers from
-provisioning the same host at once.
+fsync, rename) and serialised by an exclusive lock on ``<state_dir>/lock``.
+
+The lock is per command; a controller's run is many commands. So that a second controller cannot interleave its
+commands with a running deploy's, every locked command of a controller run (``CDNA2_RUN`` set by the controller)
+also holds the run lease ``<state_dir>/lease.json``: it names the run and is bound to the SSH connection that
+run's commands arrive on. A command of another run is refused while that connection lives; the lease ends with the
+connection (run finished, controller killed, network gone), so it never goes stale and needs no release.
 """
 
 from __future__ import annotations
@@ -20,10 +25,61 @@ from pathlib import Path
 from typing import Any, Iterator
 
 STATE_FORMAT = 1
+RUN_ENVIRONMENT = "CDNA2_RUN"  # who runs this command: the controller's run description (operations/agent.py)
+LEASE = "lease.json"
+SSHD_EXECUTABLES = {"sshd", "sshd-session"}  # OpenSSH before and since 9.8 serve a connection with these
 
 
 class HostLockedError(RuntimeError):
     pass
+
+
+def _process_stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time in clock ticks since boot) of a live process, None when there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[1]), fields[19]
+
+
+def ssh_connection() -> dict[str, Any]:
+    """The sshd process serving this command's SSH connection: the nearest sshd ancestor, with its start time (so
+    that a recycled pid is never mistaken for it)."""
+    pid = os.getppid()
+    while pid > 1:
+        stat = _process_stat(pid)
+        if stat is None:
+            break
+        try:
+            executable = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            executable = ""
+        if executable in SSHD_EXECUTABLES:
+            return {"pid": pid, "start": stat[1]}
+        pid = stat[0]
+    raise HostLockedError(f"{RUN_ENVIRONMENT} is set but no sshd serves this command: a controller run reaches the "
+                          f"host over SSH; unset {RUN_ENVIRONMENT} to run the host agent by hand")
+
+
+def _connection_alive(connection: dict[str, Any]) -> bool:
+    stat = _process_stat(connection["pid"])
+    return stat is not None and stat[1] == connection["start"]
+
+
+def hold_run_lease(state_dir: Path, run: str) -> dict[str, Any]:
+    """Take or keep the run lease for ``run``; the caller holds the host lock. Refuses while another run's
+    connection lives."""
+    lease = read_lease(state_dir)
+    if lease is not None and lease["run"] != run and _connection_alive(lease["connection"]):
+        raise HostLockedError(
+            f"host {os.uname().nodename} is being provisioned by {lease['run']} since {lease['since']}: wait for "
+            f"that run to finish (the lease ends with its SSH connection), then run again")
+    connection = ssh_connection()
+    if lease is None or lease["run"] != run or lease["connection"] != connection:
+        lease = {"run": run, "connection": connection, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        write_file_atomically(state_dir / LEASE, (json.dumps(lease, sort_keys=True) + "\n").encode())
+    return lease
 
 
 @contextmanager
@@ -52,10 +108,17 @@ def host_lock(state_dir: Path, wait_seconds: float = 0.0) -> Iterator[None]:
         lock_file.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n")
         lock_file.flush()
         try:
+            if os.environ.get(RUN_ENVIRONMENT):
+                hold_run_lease(state_dir, os.environ[RUN_ENVIRONMENT])
             yield
         finally:
             lock_file.seek(0)
             lock_file.truncate()
+
+
+def read_lease(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / LEASE
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def read_state(state_dir: Path) -> dict[str, Any]:
@@ -105,20 +168,31 @@ def update_state(state_dir: Path, key: str, value: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cdna2.host.state {set,set-once,clear} --state-dir D KEY [JSON]``: record one step's state."""
+    """``python -m cdna2.host.state {set,set-once,clear} --state-dir D KEY [JSON]``: record one step's state;
+    ``python -m cdna2.host.state lease --state-dir D``: take (or keep) the run lease before a step changes the host."""
     parser = argparse.ArgumentParser(prog="python -m cdna2.host.state", description=main.__doc__)
-    parser.add_argument("action", choices=["set", "set-once", "clear"])
+    parser.add_argument("action", choices=["set", "set-once", "clear", "lease"])
     parser.add_argument("--state-dir", type=Path, required=True)
-    parser.add_argument("key")
+    parser.add_argument("key", nargs="?")
     parser.add_argument("value", nargs="?", help="JSON value (set, set-once)")
-    args = parser.parse_args(argv)
-    with host_lock(args.state_dir):
-        current = read_state(args.state_dir)
-        if args.action == "set-once" and args.key in current:
-            result = {"result": "unchanged", "key": args.key}
-        else:
-            update_state(args.state_dir, args.key, None if args.action == "clear" else json.loads(args.value))
-            result = {"result": "cleared" if args.action == "clear" else "recorded", "key": args.key}
+    # Intermixed: the optional KEY and VALUE come after --state-dir, which plain parse_args would not allow.
+    args = parser.parse_intermixed_args(argv)
+    if args.action != "lease" and args.key is None:
+        parser.error(f"{args.action} needs a KEY")
+    try:
+        with host_lock(args.state_dir):
+            if args.action == "lease":
+                lease = read_lease(args.state_dir)
+                result = {"result": "leased" if lease else "unleased (no controller run)", "lease": lease}
+            elif args.action == "set-once" and args.key in read_state(args.state_dir):
+                result = {"result": "unchanged", "key": args.key}
+            else:
+                update_state(args.state_dir, args.key, None if args.action == "clear" else json.loads(args.value))
+                result = {"result": "cleared" if args.action == "clear" else "recorded", "key": args.key}
+    except HostLockedError as error:
+        print(json.dumps({"result": "refused", "error": str(error)}, sort_keys=True))
+        print(f"state {args.action} refused: {error}", file=sys.stderr)
+        return 1
     print(json.dumps(result, sort_keys=True))
     return 0
 

@@ -54,6 +54,13 @@ def test_second_run_changes_nothing(deployed) -> None:
     assert "No Change" in second.output
 
 
+def test_translation_runs_once_per_distinct_source_tree(deployed) -> None:
+    first, second, _, _ = deployed
+    # Both MI210 hosts hold the same amd-aiter: one translation (or cache look-up) serves them both.
+    assert first.output.count("translating gfx942 tree") == 1, first.output[-3000:]
+    assert second.output.count("translating gfx942 tree") == 1
+
+
 def test_gfx942_host_is_left_alone_and_the_report_says_why(lab: dict, deployed) -> None:
     first, _, _, _ = deployed
     for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx942"):

@@ -1,0 +1,318 @@
+"""Faults on the simulated lab: a host dying mid-upload, a full disk, a killed controller, two controllers at once.
+
+The invariant every test checks: no host is ever left neither old nor new. AITER's ``hsa/gfx90a`` is the old tree
+or the new one, each patched package is all-pristine or all-patched, and a re-run finishes the job.
+
+The tests run on a lab of their own (two MI210 hosts on FAULT_SUBNET, under the cache's scratch-labs/), so the
+shared lab is never disturbed; it is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cdna2.host.probe import tree_digest
+from lab import wheelhouse
+from lab.labctl import descendants, stop_host
+from tests.lab.conftest import run_lab_command
+from tests.lab.deploy_runner import PYINFRA, REPO, host_snapshot, run_pyinfra, site_packages, ssh
+
+pytestmark = pytest.mark.lab
+
+FAULT_SUBNET = "127.0.60"  # away from the shared lab (127.0.10) and the scratch labs (127.0.20 upwards)
+PACKAGES = ("amd-aiter", "vllm")
+
+
+@pytest.fixture(scope="module")
+def fault_lab():
+    """Two MI210 hosts, deployed once; yields the lab with, per host, what a full deploy leaves behind."""
+    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"faults-{uuid.uuid4().hex[:12]}"
+    with pytest.MonkeyPatch.context() as environment:
+        environment.setenv("CDNA2_LAB_DIR", str(lab_dir))
+        run_lab_command("up", "2", "--subnet", FAULT_SUBNET, lab_dir=lab_dir)
+        try:
+            lab = json.loads((lab_dir / "lab.json").read_text())
+            first = run_pyinfra("-y", "deploy.py", report_dir=lab_dir / "reports")
+            assert first.returncode == 0, first.output[-4000:]
+            lab["deployed"] = {host["name"]: deployed_facts(host) for host in lab["hosts"]}
+            yield lab
+        finally:
+            run_lab_command("down", lab_dir=lab_dir, check=False)
+
+
+def state_dir(lab_host: dict) -> Path:
+    return Path(lab_host["binds"]["/var/lib/cdna2"])
+
+
+def hsa(lab_host: dict) -> Path:
+    return site_packages(lab_host) / "aiter_meta" / "hsa"
+
+
+def deployed_facts(lab_host: dict) -> dict:
+    """The translated tree's digest and file list, and each package's original and patched file hashes."""
+    state = json.loads((state_dir(lab_host) / "state.json").read_text())
+    backups = {package: json.loads((state_dir(lab_host) / "backups" / package / "state.json").read_text())["files"]
+               for package in PACKAGES}
+    return {"digest": state["kernels"]["digest"], "files": tree_files(hsa(lab_host) / "gfx90a"), "patches": backups}
+
+
+def tree_files(tree: Path) -> frozenset[str] | None:
+    """The files of a directory tree, read through one directory descriptor: a rename or exchange of the tree's
+    path while it is read cannot mix two trees into one answer (a path-based walk could)."""
+    try:
+        descriptor = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    except FileNotFoundError:
+        return None
+    try:
+        return frozenset(os.path.normpath(os.path.join(top, name)) for top, _, files, _ in os.fwalk(dir_fd=descriptor)
+                         for name in files if "__pycache__" not in top)
+    finally:
+        os.close(descriptor)
+
+
+def patch_status(lab_host: dict, package: str, facts: dict) -> set[str]:
+    """For each target file of ``package``: pristine, patched or neither."""
+    site = site_packages(lab_host)
+    statuses = set()
+    for path, hashes in facts["patches"][package].items():
+        current = hashlib.sha256((site / path).read_bytes()).hexdigest()
+        statuses.add({hashes["original_sha256"]: "pristine", hashes["patched_sha256"]: "patched"}.get(current,
+                                                                                                     "neither"))
+    return statuses
+
+
+def rollback(report_dir: Path) -> None:
+    result = run_pyinfra("-y", "rollback.py", report_dir=report_dir)
+    assert result.returncode == 0, result.output[-4000:]
+
+
+def wait_sessions_gone(lab_host: dict, timeout_s: float = 60) -> None:
+    """Wait until the host has no SSH session left (a command of a killed controller may still be finishing)."""
+    deadline = time.monotonic() + timeout_s
+    while descendants(lab_host["pid"]):
+        assert time.monotonic() < deadline, f"{lab_host['name']}: sessions still running after {timeout_s} s"
+        time.sleep(0.2)
+
+
+class TreeWatcher(threading.Thread):
+    """Samples a host's ``hsa/gfx90a`` file list continuously, until stopped."""
+
+    def __init__(self, tree: Path):
+        super().__init__(daemon=True)
+        self.tree, self.seen, self.samples, self.done = tree, set(), 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.seen.add(tree_files(self.tree))
+            self.samples += 1
+
+    def stop(self) -> set:
+        self.done.set()
+        self.join()
+        return self.seen
+
+
+def writer_has_open(lab_host: dict, remote_path: str) -> bool:
+    """Whether a process of the host's SSH sessions has ``remote_path`` open (the SFTP server, mid-upload)."""
+    for pid in descendants(lab_host["pid"]):
+        try:
+            if any(os.readlink(fd) == remote_path for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return True
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return False
+
+
+class Controller:
+    """``pyinfra inventory/sim.py ARGS`` running in the background, its output going to a file (a pipe nobody reads
+    would fill up and stall it)."""
+
+    def __init__(self, *args: str, report_dir: Path):
+        report_dir.mkdir(parents=True, exist_ok=True)
+        self.log = report_dir / f"pyinfra-{uuid.uuid4().hex[:8]}.log"
+        environment = dict(os.environ, CDNA2_REPORT_DIR=str(report_dir), PYINFRA_PROGRESS="off",
+                           PYTHONUNBUFFERED="1")
+        with open(self.log, "w") as output:
+            self.process = subprocess.Popen([str(PYINFRA), "inventory/sim.py", *args], cwd=REPO, env=environment,
+                                            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait_until(self, condition, what: str, timeout_s: float = 300) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert self.process.poll() is None, f"the run ended before {what}:\n{self.output()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {what} after {timeout_s} s:\n{self.output()[-3000:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout_s: float = 600) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+
+def test_host_dying_during_the_kernel_upload(fault_lab: dict, tmp_path: Path) -> None:
+    victim, survivor = fault_lab["hosts"]
+    expected = fault_lab["deployed"][victim["name"]]
+    rollback(tmp_path)
+    # An old tree for the swap to replace; afterwards AITER must only ever see it or the new one, whole.
+    old_tree = hsa(victim) / "gfx90a"
+    (old_tree / "fam").mkdir(parents=True)
+    (old_tree / "fam" / "old.co").write_bytes(b"the previous tree's kernel")
+    old_files = tree_files(old_tree)
+    # The fault: the upload's target is a FIFO no one reads, so the host's SFTP server blocks inside the upload
+    # until the host is stopped (deterministic, where a 1 MB upload over loopback is over in milliseconds).
+    staging = state_dir(victim) / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    upload_name = f"gfx90a-{expected['digest'][:16]}.tar.gz"
+    os.mkfifo(staging / upload_name)
+
+    watcher = TreeWatcher(old_tree)
+    watcher.start()
+    run = Controller("-y", "deploy.py", report_dir=tmp_path)
+    run.wait_until(lambda: writer_has_open(victim, f"/var/lib/cdna2/staging/{upload_name}"), "kernel upload")
+    assert stop_host(victim).startswith("stopped"), "the host dies mid-upload"
+    assert run.finish() != 0
+    report = json.loads((tmp_path / "latest.json").read_text())
+    (tmp_path / "latest.json").unlink()
+    rows = {row["host"]: row for row in report["hosts"]}
+    assert rows[victim["name"]]["status"] == "failed", rows[victim["name"]]
+    assert rows[survivor["name"]]["status"] == "ok", run.output()[-4000:]
+    assert tree_files(hsa(survivor) / "gfx90a") == expected["files"]
+    assert tree_files(old_tree) == old_files, "the dead host kept its old tree"
+
+    # The host comes back (its state and files as it left them); the injected FIFO is the fault, not host state.
+    (staging / upload_name).unlink()
+    run_lab_command("up", "2", lab_dir=Path(fault_lab["lab_dir"]))
+    victim = next(h for h in json.loads((Path(fault_lab["lab_dir"]) / "lab.json").read_text())["hosts"]
+                  if h["name"] == victim["name"])
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    seen = watcher.stop()
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert tree_files(old_tree) == expected["files"]
+    assert seen <= {old_files, expected["files"]}, f"AITER saw a tree that was neither: {len(seen)} variants"
+    assert old_files in seen and expected["files"] in seen and watcher.samples > 100
+    assert tree_digest(old_tree) == expected["digest"]
+
+
+def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: dict, tmp_path: Path) -> None:
+    victim, survivor = fault_lab["hosts"]
+    rollback(tmp_path)
+    staging = state_dir(victim) / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    # Inside the host's own mount namespace: a mount made on the controller does not reach it (private propagation).
+    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
+    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/var/lib/cdna2/staging"], check=True)
+    try:
+        assert ssh(fault_lab, victim, "df --output=size /var/lib/cdna2/staging").stdout.split()[-1] == "64"
+        before = host_snapshot(victim)
+        run = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+        after = host_snapshot(victim)
+        leftovers = ssh(fault_lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
+    finally:
+        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    assert run.returncode != 0
+    row = run.row(victim["name"])
+    assert row["status"] == "failed" and row["steps"]["kernels"]["status"] == "failed", row
+    assert "No space left on device" in run.output
+    assert run.row(survivor["name"])["status"] == "ok"
+    assert {key: after[key] for key in ("hsa", "aiter", "dist-info")} == \
+        {key: before[key] for key in ("hsa", "aiter", "dist-info")}, "nothing outside staging changed"
+    assert not (hsa(victim) / "gfx90a").exists()
+    assert all(patch_status(victim, package, fault_lab["deployed"][victim["name"]]) == {"pristine"}
+               for package in PACKAGES), "the later steps did not run on the failed host"
+    assert not any(name.startswith(".gfx90a.staging") for name in os.listdir(hsa(victim)))
+    print(f"left in the full staging area (overwritten by the next upload): {leftovers}")
+
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert tree_digest(hsa(victim) / "gfx90a") == fault_lab["deployed"][victim["name"]]["digest"]
+
+
+def revert_patches(lab: dict, lab_host: dict) -> None:
+    site = "/opt/venv/lib/python3.11/site-packages"
+    for package in PACKAGES:
+        result = ssh(lab, lab_host, f"PYTHONPATH=/var/lib/cdna2/agent /opt/venv/bin/python -B -m cdna2.host.txn "
+                                    f"revert --backup-dir /var/lib/cdna2/backups/{package} --root {site}")
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab: dict, tmp_path: Path) -> None:
+    hosts = fault_lab["hosts"]
+    seed = int(os.environ.get("CDNA2_FAULT_SEED") or time.time())
+    chooser = random.Random(seed)
+    print(f"kill points from seed {seed} (CDNA2_FAULT_SEED={seed} repeats them)")
+    deploy = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)  # a clean start, whatever the tests before did
+    assert deploy.returncode == 0, deploy.output[-4000:]
+    outcomes = []
+    for attempt in range(3):
+        for lab_host in hosts:
+            revert_patches(fault_lab, lab_host)
+        run = Controller("-y", "deploy.py", report_dir=tmp_path)
+        run.wait_until(lambda: "Starting operation: patches" in run.output(), "patching")
+        delay = chooser.uniform(0.0, 1.5)
+        time.sleep(delay)
+        run.process.send_signal(signal.SIGKILL)
+        run.finish()
+        for lab_host in hosts:
+            wait_sessions_gone(lab_host)
+            facts = fault_lab["deployed"][lab_host["name"]]
+            statuses = {package: patch_status(lab_host, package, facts) for package in PACKAGES}
+            outcomes.append((attempt, round(delay, 2), lab_host["name"], statuses))
+            assert all(len(found) == 1 and found != {"neither"} for found in statuses.values()), \
+                f"attempt {attempt}, killed {delay:.2f} s into patching: {lab_host['name']} half-patched: {statuses}"
+    print("\n".join(map(str, outcomes)))
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    for lab_host in hosts:
+        facts = fault_lab["deployed"][lab_host["name"]]
+        assert all(patch_status(lab_host, package, facts) == {"patched"} for package in PACKAGES)
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+    assert verified.returncode == 0, verified.output[-4000:]
+
+
+def release_fifo(fifo: Path) -> None:
+    """Let a writer blocked opening ``fifo`` through (it then dies of SIGPIPE), and remove the FIFO."""
+    descriptor = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    time.sleep(0.5)
+    os.close(descriptor)
+    fifo.unlink()
+
+
+def test_second_controller_is_refused_while_the_first_runs(fault_lab: dict, tmp_path: Path) -> None:
+    victim = fault_lab["hosts"][0]
+    expected = fault_lab["deployed"][victim["name"]]
+    rollback(tmp_path)
+    # Hold the first controller inside its kernel upload (a FIFO no one reads), with the host's run lease taken.
+    staging = state_dir(victim) / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    upload_name = f"gfx90a-{expected['digest'][:16]}.tar.gz"
+    os.mkfifo(staging / upload_name)
+    first = Controller("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path / "first")
+    try:
+        first.wait_until(lambda: writer_has_open(victim, f"/var/lib/cdna2/staging/{upload_name}"), "kernel upload")
+        before = host_snapshot(victim)
+        second = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path / "second")
+        assert second.returncode != 0
+        assert f"is being provisioned by root@{os.uname().nodename} pid {first.process.pid}" in second.output
+        assert "wait for that run to finish" in second.output
+        assert second.row(victim["name"])["status"] == "failed"
+        assert host_snapshot(victim) == before, "the second controller changed nothing"
+    finally:
+        first.process.send_signal(signal.SIGKILL)  # the first controller dies: its lease ends with its connection
+        first.finish()
+        release_fifo(staging / upload_name)
+    wait_sessions_gone(victim)
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path / "second")
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert tree_digest(hsa(victim) / "gfx90a") == expected["digest"]
