@@ -23,7 +23,8 @@ import socket
 import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Collection
 
 PROBE_FORMAT = 1
 
@@ -308,24 +309,34 @@ def read_patch_targets(patch_files: dict, distributions: dict, errors: list[str]
 NOT_IN_RECORD = ("/hsa/gfx90a/", "/hsa/.gfx90a.previous/")
 
 
-def record_mismatches(dist: dict, errors: list[str]) -> dict:
-    """Compare every file a distribution's RECORD lists with the disk: how many match, which differ or are gone."""
-    try:
-        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
-    except Exception as error:
-        errors.append(f"{dist['name']} RECORD unreadable: {error}")
-        return {"checked": 0, "mismatched": [], "missing": []}
+def record_mismatches(location: Path, record_text: str, skip_paths: Collection[str] = ()) -> dict:
+    """Compare every file a RECORD lists with the disk: how many were checked, which differ or are gone.
+
+    Not checked: bytecode, console scripts outside site-packages (``../../bin/vllm``: pip writes them per
+    interpreter, ``pip install --target`` elsewhere), our own kernel trees, and ``skip_paths``.
+    """
     checked, mismatched, missing = 0, [], []
     for path, hash_field, _ in record_entries(record_text):
-        if not hash_field or "__pycache__" in path or any(part in f"/{path}" for part in NOT_IN_RECORD):
+        parts = PurePosixPath(path).parts
+        if (not hash_field or path in skip_paths or "__pycache__" in parts or ".." in parts
+                or any(tree in f"/{path}" for tree in NOT_IN_RECORD)):
             continue
-        target = Path(dist["location"], path)
+        target = location / path
         checked += 1
         if not target.is_file():
             missing.append(path)
         elif record_hash(target.read_bytes()) != hash_field:
             mismatched.append(path)
     return {"checked": checked, "mismatched": mismatched, "missing": missing}
+
+
+def read_record_check(dist: dict, errors: list[str]) -> dict:
+    try:
+        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
+    except Exception as error:
+        errors.append(f"{dist['name']} RECORD unreadable: {error}")
+        return {"checked": 0, "mismatched": [], "missing": []}
+    return record_mismatches(Path(dist["location"]), record_text)
 
 
 def read_backups(state_dir: str, errors: list[str]) -> dict:
@@ -383,7 +394,7 @@ def probe(options: dict) -> dict:
         "state_dir_used": Path(options["state_dir"]).is_dir() and any(Path(options["state_dir"]).iterdir()),
         "agent": read_agent(options.get("agent_dir")),
         "backups": read_backups(options["state_dir"], errors),
-        "record_check": {package: record_mismatches(distributions[package], errors)
+        "record_check": {package: read_record_check(distributions[package], errors)
                          for package in options.get("record_check", []) if distributions.get(package)},
         "errors": errors,
     }

@@ -31,7 +31,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterator
 
 from cdna2.host import importcheck, jit, probe, smoke_gpu, state, txn
@@ -314,50 +314,19 @@ def check_patch_sets(view: HostView) -> dict:
     return result(name, STATIC, PASSED, "patched as recorded: " + ", ".join(applied))
 
 
-def _record_entries(dist_name: str) -> list[tuple[str, str]]:
-    """(path, hash field) of every RECORD line that has a hash."""
-    text = metadata.distribution(dist_name).read_text("RECORD") or ""
-    return [(row[0], row[1]) for row in csv.reader(io.StringIO(text)) if len(row) >= 2 and row[1]]
-
-
-def _skipped_by_record_check(path: str, own_trees: tuple[str, ...]) -> bool:
-    """Bytecode, our own kernel trees, and console-script wrappers outside site-packages (``../../bin/vllm``,
-    which pip writes per interpreter and ``pip install --target`` leaves elsewhere) are not package files."""
-    parts = PurePosixPath(path).parts
-    return "__pycache__" in parts or ".." in parts or path.startswith(own_trees)
-
-
-def record_mismatches(location: Path, dist_name: str, touched: set[str], own_trees: tuple[str, ...]) \
-        -> tuple[int, list[str]]:
-    """Files of a distribution checked against RECORD, and each that is missing or differs."""
-    checked, mismatches = 0, []
-    for path, hash_field in _record_entries(dist_name):
-        if path in touched or _skipped_by_record_check(path, own_trees):
-            continue
-        checked += 1
-        target = location / path
-        if not target.is_file():
-            mismatches.append(f"{path} (missing)")
-        elif probe.record_hash(target.read_bytes()) != hash_field:
-            mismatches.append(f"{path} (changed)")
-    return checked, mismatches
-
-
 def check_record(view: HostView) -> dict:
     name = "record_pristine"
     touched = {t.package: set(t.record["files"]) for t in view.transactions}
-    own_trees: tuple[str, ...] = ()
-    if view.gfx90a_tree is not None:
-        hsa = Path(view.aiter["hsa_root"]).relative_to(view.distributions["amd-aiter"]["location"]).as_posix()
-        own_trees = (f"{hsa}/gfx90a/", f"{hsa}/.gfx90a.previous/")
     counts, mismatches = [], []
     for package in PATCHED_PACKAGES:
         dist = view.distributions.get(package)
         if dist is None:
             continue
-        checked, wrong = record_mismatches(Path(dist["location"]), dist["name"], touched.get(package, set()), own_trees)
-        counts.append(f"{checked} {package}")
-        mismatches.extend(f"{package}: {entry}" for entry in wrong)
+        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
+        found = probe.record_mismatches(Path(dist["location"]), record_text, skip_paths=touched.get(package, set()))
+        mismatches.extend(f"{package}: {path} (changed)" for path in found["mismatched"])
+        mismatches.extend(f"{package}: {path} (missing)" for path in found["missing"])
+        counts.append(f"{found['checked']} {package}")
     if not counts:
         return result(name, STATIC, FAILED, f"neither amd-aiter nor vllm is installed for {sys.executable}")
     if mismatches:
