@@ -59,11 +59,13 @@ def plan_rollback(probe: dict[str, Any], state_dir_used: bool, restore_triton: b
     baseline = (probe["state"] or {}).get("baseline") or {}
     triton_now = (probe["distributions"].get("triton") or {}).get("version")
     if restore_triton:
-        if not baseline.get("triton"):
-            plan.problems.append("rollback_restore_triton is on but no pre-deploy triton version is recorded on "
-                                 "this host (it was never deployed, or its state was cleared)")
-        elif baseline["triton"] != triton_now:
-            plan.restore_triton = baseline["triton"]
+        if baseline.get("triton"):
+            plan.restore_triton = baseline["triton"] if baseline["triton"] != triton_now else None
+        elif state_dir_used:
+            # Deployed, yet no baseline: guessing a version would be worse than saying so.
+            plan.problems.append("rollback_restore_triton is on but this host's state records no pre-deploy triton "
+                                 "version; reinstall the triton you want by hand")
+        # Never deployed, or already rolled back: there is nothing to restore triton to.
     if plan.jit_patterns and plan.site_packages is None:
         plan.problems.append("JIT outputs must be removed but amd-aiter is not installed in the target environment")
     return plan

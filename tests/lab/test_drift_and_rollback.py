@@ -68,3 +68,27 @@ def test_tamper_verify_repair_rollback(lab: dict, gfx90a_hosts: list[dict], tmp_
     assert again.returncode == 0, again.output[-4000:]
     assert {row["host"]: row["changes"] for row in again.report["hosts"] if row["changes"]} == {}
     assert all(row["steps"]["rollback"]["detail"] == "nothing to undo" for row in again.report["hosts"])
+
+
+def test_rollback_restores_the_pre_deploy_triton_when_asked(lab: dict, gfx90a_hosts: list[dict], tmp_path: Path) -> None:
+    target = gfx90a_hosts[0]
+    mirror = Path(lab["lab_dir"]) / "mirror" / "wheels"
+    assert run_pyinfra("-y", "rollback.py", report_dir=tmp_path).returncode == 0
+    downgraded = ssh(lab, target, f"PIP_CONFIG_FILE=/dev/null /opt/venv/bin/python -m pip install -q --no-index "
+                                  f"--find-links {mirror} --no-deps triton==3.7.0")
+    assert downgraded.returncode == 0, downgraded.stderr
+    deployed = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert deployed.returncode == 0 and deployed.row(target["name"])["packages"]["triton"] == "3.7.0 -> 3.7.1"
+
+    restored = run_pyinfra("-y", "rollback.py", "--data", "rollback_restore_triton=true", report_dir=tmp_path)
+    assert restored.returncode == 0, restored.output[-4000:]
+    assert "reinstall triton==3.7.0 (recorded before the first deploy)" in \
+        restored.row(target["name"])["steps"]["rollback"]["detail"]
+    (dist_info,) = site_packages(target).glob("triton-*.dist-info")
+    assert dist_info.name == "triton-3.7.0.dist-info"
+
+    # Rolled back, the host has no state and no baseline left: a second rollback with the flag changes nothing.
+    again = run_pyinfra("-y", "rollback.py", "--data", "rollback_restore_triton=true", report_dir=tmp_path)
+    assert again.returncode == 0, again.output[-4000:]
+    assert {row["host"]: row["changes"] for row in again.report["hosts"] if row["changes"]} == {}
+    assert run_pyinfra("-y", "deploy.py", report_dir=tmp_path).returncode == 0, "leave the lab provisioned"

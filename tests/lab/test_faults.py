@@ -123,13 +123,14 @@ class TreeWatcher(threading.Thread):
         return self.seen
 
 
-def writer_has_open(lab_host: dict, remote_path: str) -> bool:
-    """Whether a process of the host's SSH sessions has ``remote_path`` open (the SFTP server, mid-upload)."""
+def upload_blocked(lab_host: dict) -> bool:
+    """Whether a process of the host's SSH sessions (its SFTP server) is blocked opening a FIFO for writing: the
+    upload has started and cannot finish."""
     for pid in descendants(lab_host["pid"]):
         try:
-            if any(os.readlink(fd) == remote_path for fd in Path(f"/proc/{pid}/fd").iterdir()):
+            if Path(f"/proc/{pid}/wchan").read_text() == "wait_for_partner":
                 return True
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (FileNotFoundError, ProcessLookupError):
             continue
     return False
 
@@ -180,7 +181,7 @@ def test_host_dying_during_the_kernel_upload(fault_lab: dict, tmp_path: Path) ->
     watcher = TreeWatcher(old_tree)
     watcher.start()
     run = Controller("-y", "deploy.py", report_dir=tmp_path)
-    run.wait_until(lambda: writer_has_open(victim, f"/var/lib/cdna2/staging/{upload_name}"), "kernel upload")
+    run.wait_until(lambda: upload_blocked(victim), "kernel upload")
     assert stop_host(victim).startswith("stopped"), "the host dies mid-upload"
     assert run.finish() != 0
     report = json.loads((tmp_path / "latest.json").read_text())
@@ -300,7 +301,7 @@ def test_second_controller_is_refused_while_the_first_runs(fault_lab: dict, tmp_
     os.mkfifo(staging / upload_name)
     first = Controller("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path / "first")
     try:
-        first.wait_until(lambda: writer_has_open(victim, f"/var/lib/cdna2/staging/{upload_name}"), "kernel upload")
+        first.wait_until(lambda: upload_blocked(victim), "kernel upload")
         before = host_snapshot(victim)
         second = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path / "second")
         assert second.returncode != 0

@@ -15,6 +15,7 @@ from cdna2.archive import tree_archive
 from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
 from cdna2.plan import FAIL, PROCEED, SKIP, arch_skip_reason, kernels_decision, target_env_error
 from cdna2.report import FAILED, RunReport, summarise_probe
+from cdna2.rollback import plan_rollback
 
 MI210 = {"arch": "gfx90a", "marketing_name": "AMD Instinct MI210", "compute_units": 104, "chip_id": "0x740f"}
 MI300X = {"arch": "gfx942", "marketing_name": "AMD Instinct MI300X", "compute_units": 304, "chip_id": "0x74a1"}
@@ -28,7 +29,7 @@ def probe_of(agents: list[dict]) -> dict:
                    "is_target": True},
         "rocm": {"version": "6.4.3", "source": "/opt/rocm/.info/version"},
         "gpu": {"agents": agents, "arches": arches, "arch": arches[0] if len(arches) == 1 else None},
-        "distributions": {"amd-aiter": {"version": "0.1.7.post2.dev18"}, "torch": None,
+        "distributions": {"amd-aiter": {"version": "0.1.7.post2.dev18", "location": "/opt/venv/site"}, "torch": None,
                           "triton": {"version": "3.7.0"}, "vllm": None},
         "aiter": {"hsa_root": "/x/aiter_meta/hsa", "gfx942_record_digest": "ab" * 32, "gfx942_record_files": 1326,
                   "gfx942_on_disk": True, "gfx90a_digest": None},
@@ -121,3 +122,30 @@ def test_host_lock_refuses_a_second_holder_and_names_the_first(tmp_path: Path) -
     with host_lock(tmp_path):
         update_state(tmp_path, "kernels", {"digest": "d"})
     assert read_state(tmp_path)["kernels"] == {"digest": "d"}
+
+
+def _rollback_probe(baseline_triton: str | None, triton_now: str) -> dict:
+    probe = probe_of([MI210])
+    probe["distributions"]["triton"] = {"version": triton_now}
+    probe["aiter"]["gfx90a_previous"] = False
+    probe["backups"] = {}
+    probe["state"] = {"baseline": {"triton": baseline_triton}} if baseline_triton else None
+    return probe
+
+
+def test_rollback_plans_triton_restore_only_from_a_recorded_baseline() -> None:
+    assert plan_rollback(_rollback_probe("3.7.0", "3.7.1"), True, True, []).restore_triton == "3.7.0"
+    assert plan_rollback(_rollback_probe("3.7.1", "3.7.1"), True, True, []).restore_triton is None
+    assert plan_rollback(_rollback_probe("3.7.0", "3.7.1"), True, False, []).restore_triton is None
+    deployed_without_baseline = plan_rollback(_rollback_probe(None, "3.7.1"), True, True, [])
+    assert deployed_without_baseline.problems and "records no pre-deploy triton" in deployed_without_baseline.problems[0]
+    never_deployed = plan_rollback(_rollback_probe(None, "3.7.1"), False, True, [])
+    assert never_deployed.empty and not never_deployed.problems
+
+
+def test_rollback_plan_for_a_half_provisioned_host() -> None:
+    probe = _rollback_probe(None, "3.7.1")
+    probe["aiter"]["gfx90a_digest"] = "cd" * 32  # kernels installed, no patch backups, no state record
+    plan = plan_rollback(probe, True, False, ["aiter/jit/module_fmha_v3_fwd.so"])
+    assert plan.remove_kernels and plan.jit_patterns == ["aiter/jit/module_fmha_v3_fwd.so"] and plan.clear_state
+    assert plan.reverts == [] and not plan.problems

@@ -1,0 +1,74 @@
+"""A cached venv with CPU torch and the real triton wheel, for running patched Triton kernels in the interpreter.
+
+The project venv has neither torch nor triton. Triton's interpreter (TRITON_INTERPRET=1) runs ``@triton.jit``
+kernels on CPU torch tensors, so the patched vLLM kernels can be executed here without a GPU. The venv is built once
+per machine under ``$CDNA2_CACHE/test-venvs/`` (staged, checked by importing both packages, then renamed) and keyed
+by the interpreter and the requirements, so a stale one is never reused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from lab import wheelhouse
+
+# The CPU build lies on this machine's disk (pip's find-links); naming the local version keeps pip from ever choosing
+# the multi-GB CUDA build of the same release from the index.
+TORCH_REQUIREMENT = "torch==2.13.0+cpu"
+# The triton vLLM 0.23-0.33 is deployed with (field-notes 2.2); its wheel comes from the project's wheelhouse.
+TRITON_REQUIREMENT = wheelhouse.TRITON_PINNED
+
+
+def _base_python() -> str:
+    """The interpreter the project venv was made from; a venv made from inside a venv would chain to it anyway."""
+    return str(Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+
+
+def _venv_dir() -> Path:
+    key_source = "\n".join((_base_python(), sys.version, TORCH_REQUIREMENT, TRITON_REQUIREMENT))
+    key = hashlib.sha256(key_source.encode()).hexdigest()[:12]
+    return wheelhouse.cache_root() / "test-venvs" / f"fp8-{key}"
+
+
+@contextmanager
+def _locked():
+    lock_dir = wheelhouse.cache_root() / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / "test-venv-fp8.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        yield
+
+
+def _run(argv: list[str], what: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {result.returncode}): {' '.join(argv)}\n{result.stderr[-4000:]}")
+
+
+def fp8_python() -> Path:
+    """Return the ``bin/python`` of the cached torch-CPU + triton venv, building it first if needed."""
+    venv = _venv_dir()
+    python = venv / "bin" / "python"
+    with _locked():
+        if (venv / ".complete").exists():
+            return python
+        staging = venv.with_name(venv.name + ".staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        _run([_base_python(), "-m", "venv", str(staging)], f"creating the venv {staging}")
+        triton_wheel = wheelhouse.wheel(TRITON_REQUIREMENT)
+        # Only `bin/python -m ...` is used, never the console scripts, whose shebangs name the staging path.
+        _run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+              "--only-binary=:all:", TORCH_REQUIREMENT, "numpy", str(triton_wheel)],
+             f"installing {TORCH_REQUIREMENT} and {triton_wheel.name} into {staging}")
+        _run([str(staging / "bin" / "python"), "-c", "import torch, triton, triton.language, numpy"],
+             f"importing torch and triton in {staging}")
+        (staging / ".complete").touch()
+        shutil.rmtree(venv, ignore_errors=True)
+        staging.rename(venv)
+    return python
