@@ -13,7 +13,7 @@ from cdna2.patches import plan_package, record_hash
 from cdna2.patches.cli import probe
 
 ALL_OPTIONAL = {
-    "vllm": ["vllm-prefer-aiter-fa", "vllm-ck-int8-gemm"],
+    "vllm": ["vllm-prefer-aiter-fa", "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant"],
     "amd-aiter": [],
 }
 
@@ -21,7 +21,7 @@ ALL_OPTIONAL = {
 def optional_for(package, version):
     # vLLM 0.33.0 has no CK int8 GEMM variant (its register_ops_once was restructured): the plan refuses it.
     if package == "vllm" and version == "0.33.0":
-        return ["vllm-prefer-aiter-fa"]
+        return ["vllm-prefer-aiter-fa", "vllm-fast-fp8-dequant"]
     return ALL_OPTIONAL[package]
 
 
