@@ -87,11 +87,12 @@ def _stage(root: Path, plan: PackagePlan) -> list[dict]:
     return changes
 
 
-def _apply(args: argparse.Namespace, package: str, plan: PackagePlan) -> dict:
-    manifest = {"root": str(args.site_packages), "package": package, "backup_dir": str(_state_dir(args, package)),
-                "changes": _stage(args.site_packages, plan), "jit_invalidations": plan.jit_invalidations}
+def apply_in_place(root: Path, plan: PackagePlan, backup_dir: Path) -> dict:
+    """Apply a plan to the site-packages at ``root`` on this machine: stage, transaction, JIT cleanup."""
+    manifest = {"root": str(root), "package": plan.package, "backup_dir": str(backup_dir),
+                "changes": _stage(root, plan), "jit_invalidations": plan.jit_invalidations}
     result = txn.apply(manifest)
-    result["jit"] = jit.invalidate(args.site_packages, plan.jit_invalidations)
+    result["jit"] = jit.invalidate(root, plan.jit_invalidations)
     return result
 
 
@@ -142,7 +143,7 @@ def _run(args: argparse.Namespace) -> int:
                 failed = True
             if args.action == "apply" and plan is not None and plan.status == "apply":
                 try:
-                    entry["result"] = _apply(args, package, plan)
+                    entry["result"] = apply_in_place(args.site_packages, plan, _state_dir(args, package))
                 except txn.TxnError as error:
                     entry["result"], failed = {"ok": False, "error": str(error), "file": error.path}, True
             report["packages"].append(entry)

@@ -20,7 +20,7 @@ import pytest
 
 from cdna2.host import txn
 from cdna2.patches import plan_package
-from cdna2.patches.cli import probe
+from cdna2.patches.cli import apply_in_place, probe
 from tests.unit.patches.conftest import copy_real_subset
 from tests.unit.patches.fast_fp8.venv import fp8_python
 
@@ -47,17 +47,6 @@ def change_of(plan, path: str):
 def snapshot(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def apply_plan(plan, root: Path, backup_dir: Path) -> dict:
-    changes = []
-    for change in plan.changes:
-        staged = (root / change.path).with_name(f".{Path(change.path).name}.staged")
-        staged.write_bytes(change.new_bytes)
-        changes.append({"path": change.path, "expected_sha256": change.old_sha256, "staged": str(staged),
-                        "new_sha256": change.new_sha256})
-    return txn.apply({"root": str(root), "package": "vllm", "backup_dir": str(backup_dir), "changes": changes,
-                      "jit_invalidations": plan.jit_invalidations})
 
 
 def function_source(text: str, name: str) -> str:
@@ -91,7 +80,7 @@ def test_apply_check_revert_round_trip(catalog, version, tmp_path):
     assert plan.jit_invalidations == without.jit_invalidations, "the set declares no JIT output to remove"
     assert snapshot(root) == before, "planning must not write"
 
-    result = apply_plan(plan, root, tmp_path / "backup")
+    result = apply_in_place(root, plan, tmp_path / "backup")
     assert result["ok"], result
     patched = (root / FP8_UTILS).read_text()
     compile(patched, str(root / FP8_UTILS), "exec")

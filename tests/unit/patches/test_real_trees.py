@@ -10,7 +10,7 @@ import pytest
 
 from cdna2.host import txn
 from cdna2.patches import plan_package, record_hash
-from cdna2.patches.cli import probe
+from cdna2.patches.cli import apply_in_place, probe
 
 ALL_OPTIONAL = {
     "vllm": ["vllm-prefer-aiter-fa", "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant"],
@@ -35,17 +35,6 @@ def plan_for(catalog, package, root, optional):
     return plan_package(catalog, package, version, files, record, optional)
 
 
-def apply_plan(plan, root, backup_dir):
-    changes = []
-    for change in plan.changes:
-        staged = (root / change.path).with_name(f".{(root / change.path).name}.staged")
-        staged.write_bytes(change.new_bytes)
-        changes.append({"path": change.path, "expected_sha256": change.old_sha256, "staged": str(staged),
-                        "new_sha256": change.new_sha256})
-    return txn.apply({"root": str(root), "package": plan.package, "backup_dir": str(backup_dir), "changes": changes,
-                      "jit_invalidations": plan.jit_invalidations})
-
-
 def record_of(root):
     dist_info = next(root.glob("*.dist-info"))
     return {row[0]: row[1] for row in csv.reader((dist_info / "RECORD").read_text().splitlines()) if len(row) > 1}
@@ -60,7 +49,7 @@ def test_apply_check_revert_round_trip(catalog, real_tree, tmp_path):
     assert all(change.diff.startswith(f"--- a/{change.path}\n+++ b/{change.path}\n") for change in plan.changes)
     assert snapshot(root) == before, "planning must not write"
 
-    result = apply_plan(plan, root, tmp_path / "backup")
+    result = apply_in_place(root, plan, tmp_path / "backup")
     assert result["ok"] and sorted(result["changed"]) == sorted(c.path for c in plan.changes)
     for change in plan.changes:
         if change.path.endswith(".py"):
@@ -109,7 +98,7 @@ def test_one_site_patched_by_hand_is_recognised(catalog, real_tree, tmp_path):
     replanned = plan_for(catalog, package, root, optional)
     assert replanned.status == "apply", replanned.reasons
     assert [s.state for s in replanned.sites if s.site == site.id and s.file == site.file] == ["patched"]
-    apply_plan(replanned, root, tmp_path / "backup")
+    apply_in_place(root, replanned, tmp_path / "backup")
     assert plan_for(catalog, package, root, optional).status == "patched"
 
 
