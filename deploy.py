@@ -16,8 +16,8 @@ from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
 from cdna2.patches import plan_package
-from cdna2.plan import (FAIL, PROCEED, arch_skip_reason, deployed_record, installed_versions, kernels_decision,
-                        target_env_error)
+from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
+                        installed_versions, kernels_decision, target_env_error)
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
@@ -45,14 +45,23 @@ probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=dat
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()})
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
-# The wheel plan is made now: a host it cannot serve (a ROCm the matrix lacks) is failed before anything changes.
+# Plan wheels and kernels now: a host they cannot serve (a ROCm the matrix lacks, no room for the kernel tree) is
+# failed before anything on it changes.
 wheel_plan = wheel_plan_for(probe) if data.install_wheels and not env_error else None
+actions = getattr(wheel_plan, "actions", ())
+aiter_reinstalled = any(action.package == "amd-aiter" for action in actions)
+requirements = [action.requirement for action in actions]
+kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
+tree = translated_tree_for(host, probe) if kernels == PROCEED and not aiter_reinstalled else None
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
+needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
+space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
+problem = env_error or wheel_error or space_error
 
-if env_error or wheel_error:
-    report.step(host.name, "probe" if env_error else "wheels", FAILED, env_error or wheel_error)
+if problem:
+    report.step(host.name, "preflight", FAILED, problem)
     python.raise_exception(name="preflight: the host can be provisioned", exception=OperationError,
-                           message=f"{host.name}: {env_error or wheel_error}; nothing on it was changed")
+                           message=f"{host.name}: {problem}; nothing on it was changed")
 else:
     report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
 
@@ -65,9 +74,6 @@ else:
              current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir, once=True)
 
     # 4. Wheels before kernels and patches: those work on the AITER and vLLM that end up installed.
-    actions = wheel_plan.actions if wheel_plan is not None else ()
-    aiter_reinstalled = any(action.package == "amd-aiter" for action in actions)
-    requirements = [action.requirement for action in actions]
     if wheel_plan is None:
         report.step(host.name, "wheels", SKIPPED, "install_wheels is off for this host")
     else:
@@ -80,25 +86,20 @@ else:
     stale = "amd-aiter is (re)installed by this run: run the deploy again to translate and patch it"
 
     # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
-    decision, why = kernels_decision(probe, data.translate_kernels)
-    kernels_digest = None
-    if decision == PROCEED and aiter_reinstalled:
-        report.step(host.name, "kernels", SKIPPED, stale)
-    elif decision == PROCEED:
-        tree = translated_tree_for(host, probe)
-        installed, kernels_digest = probe["aiter"]["gfx90a_digest"], tree.digest
+    if tree is not None:
+        installed = probe["aiter"]["gfx90a_digest"]
         report.step(host.name, "kernels", UNCHANGED if installed == tree.digest else PLANNED,
                     f"{tree.kernels} kernels, tree {tree.digest[:12]}")
         translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
                            hsa_root=probe["aiter"]["hsa_root"], installed_digest=installed,
                            site_packages=probe["distributions"]["amd-aiter"]["location"],
                            target_python=data.target_python, state_dir=data.state_dir)
-    elif decision == FAIL:
+    elif kernels == FAIL:
         report.step(host.name, "kernels", FAILED, why)
         python.raise_exception(name="kernels: the host can take translated kernels", exception=OperationError,
                                message=f"{host.name}: {why}")
     else:
-        report.step(host.name, "kernels", SKIPPED, why)
+        report.step(host.name, "kernels", SKIPPED, stale if kernels == PROCEED else why)
 
     # 6. Patches: per package, the sets that match the installed text, all or nothing.
     skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
@@ -133,5 +134,5 @@ else:
     # 8. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
     if not aiter_reinstalled:
         recorded(name="state: the deployed state is recorded", key="deployed",
-                 value=deployed_record(probe, requirements, kernels_digest, patch_sets),
+                 value=deployed_record(probe, requirements, tree and tree.digest, patch_sets),
                  current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)

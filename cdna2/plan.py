@@ -66,3 +66,18 @@ def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_dige
         if name in versions and version:
             versions[name] = version
     return {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+
+
+def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: int) -> str | None:
+    """Why the kernel tree would not fit on the host (staging for the archive, beside hsa/ for the tree), or None.
+
+    Checked before anything is uploaded, so a full disk is reported with the sizes rather than as a failed copy.
+    """
+    staging_free, hsa_free = probe["state_dir_free_bytes"], probe["aiter"]["free_bytes"]
+    if staging_free is not None and staging_free < archive_bytes:
+        return (f"{staging_free} bytes free for <state_dir>/staging, the kernel archive needs {archive_bytes}: free "
+                f"space there or point state_dir elsewhere")
+    if hsa_free is not None and hsa_free < tree_bytes:
+        return (f"{hsa_free} bytes free beside {probe['aiter']['hsa_root']}, the translated tree needs {tree_bytes}: "
+                f"free space in the Python environment's filesystem")
+    return None

@@ -41,6 +41,7 @@ class TranslatedTree:
     archive: Path
     archive_sha256: str
     kernels: int
+    tree_bytes: int  # size of the unpacked tree: the room it needs beside hsa/ on the host
     report: dict
     adaptations: tuple[str, ...]  # ids of the gfx90a-tree adaptations applied
     invalidates: tuple[str, ...]  # JIT outputs built from the tree's non-kernel files, to remove when it changes
@@ -130,7 +131,9 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
     return TranslatedTree(
         source_digest=source_digest, digest=digest, archive=archive,
         archive_sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
-        kernels=sum(1 for _ in (out_dir / "gfx90a").rglob("*.co")), report=report,
+        kernels=sum(1 for _ in (out_dir / "gfx90a").rglob("*.co")),
+        tree_bytes=sum(path.stat().st_size for path in (out_dir / "gfx90a").rglob("*") if path.is_file()),
+        report=report,
         adaptations=tuple(a["id"] for a in applied),
         invalidates=tuple(sorted({pattern for a in applied for pattern in a["invalidates"]})),
     )

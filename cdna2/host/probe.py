@@ -260,7 +260,7 @@ def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
     marker = re.search(r"^(.*?/)?hsa/gfx942/", record_text, re.MULTILINE)
     hsa_rel = f"{marker.group(1) or ''}hsa" if marker else None
     info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0, "gfx942_on_disk": False,
-            "gfx90a_digest": None, "gfx90a_files": 0, "gfx90a_previous": False}
+            "gfx90a_digest": None, "gfx90a_files": 0, "gfx90a_previous": False, "free_bytes": None}
     if hsa_rel is None:
         errors.append(f"{dist['name']} RECORD lists no hsa/gfx942 kernel tree")
         return info
@@ -269,6 +269,7 @@ def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
     info["gfx942_record_digest"], info["gfx942_record_files"] = record_tree_digest(record_text, f"{hsa_rel}/gfx942/")
     info["gfx942_on_disk"] = (hsa_root / "gfx942").is_dir()
     info["gfx90a_previous"] = (hsa_root / ".gfx90a.previous").is_dir()
+    info["free_bytes"] = free_bytes(hsa_root)
     gfx90a = hsa_root / "gfx90a"
     if gfx90a.is_dir():
         info["gfx90a_digest"] = tree_digest(gfx90a)
@@ -354,6 +355,15 @@ def read_backups(state_dir: str, errors: list[str]) -> dict:
     return backups
 
 
+def free_bytes(path: Path) -> int | None:
+    """Bytes an unprivileged write could still use on the filesystem of ``path`` (or of its nearest parent)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            stats = os.statvfs(candidate)
+            return stats.f_bavail * stats.f_frsize
+    return None
+
+
 def read_state(state_dir: str, errors: list[str]) -> dict | None:
     state_file = Path(state_dir, "state.json")
     if not state_file.is_file():
@@ -392,6 +402,7 @@ def probe(options: dict) -> dict:
         "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, errors),
         "state": read_state(options["state_dir"], errors),
         "state_dir_used": Path(options["state_dir"]).is_dir() and any(Path(options["state_dir"]).iterdir()),
+        "state_dir_free_bytes": free_bytes(Path(options["state_dir"], "staging")),
         "agent": read_agent(options.get("agent_dir")),
         "backups": read_backups(options["state_dir"], errors),
         "record_check": {package: read_record_check(distributions[package], errors)

@@ -229,7 +229,10 @@ def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: d
         subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
     assert run.returncode != 0
     row = run.row(victim["name"])
-    assert row["status"] == "failed" and row["steps"]["kernels"]["status"] == "failed", row
+    # The probe measured the free space: the host is refused before anything is uploaded, with the sizes.
+    assert row["status"] == "failed" and row["steps"]["preflight"]["status"] == "failed", row
+    assert "bytes free for <state_dir>/staging, the kernel archive needs" in row["steps"]["preflight"]["detail"]
+    assert leftovers == [], "nothing was uploaded into the full staging area"
     assert run.row(survivor["name"])["status"] == "ok"
     assert {key: after[key] for key in ("hsa", "aiter", "dist-info")} == \
         {key: before[key] for key in ("hsa", "aiter", "dist-info")}, "nothing outside staging changed"
@@ -237,7 +240,6 @@ def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: d
     assert all(patch_status(victim, package, fault_lab["deployed"][victim["name"]]) == {"pristine"}
                for package in PACKAGES), "the later steps did not run on the failed host"
     assert not any(name.startswith(".gfx90a.staging") for name in os.listdir(hsa(victim)))
-    print(f"left in the full staging area (overwritten by the next upload): {leftovers}")
 
     rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
     assert rerun.returncode == 0, rerun.output[-4000:]

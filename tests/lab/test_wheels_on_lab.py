@@ -63,7 +63,7 @@ def test_host_with_rocm_outside_the_matrix_fails_untouched(lab: dict, tmp_path: 
     for lab_host in outside:
         row = run.row(lab_host["name"])
         assert row["status"] == "failed"
-        detail = row["steps"]["wheels"]["detail"]
+        detail = row["steps"]["preflight"]["detail"]
         assert f"ROCm {lab_host['rocm_version']}" in detail and str(narrow / "wheel-matrix.yaml") in detail, detail
         assert host_snapshot(lab_host) == before[lab_host["name"]], f"{lab_host['name']} must not change"
         assert triton_version(lab_host) == "3.7.0"

@@ -13,7 +13,8 @@ import pytest
 
 from cdna2.archive import tree_archive
 from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
-from cdna2.plan import FAIL, PROCEED, SKIP, arch_skip_reason, kernels_decision, target_env_error
+from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, disk_space_problem, kernels_decision,
+                        target_env_error)
 from cdna2.report import FAILED, RunReport, summarise_probe
 from cdna2.rollback import plan_rollback
 
@@ -149,3 +150,16 @@ def test_rollback_plan_for_a_half_provisioned_host() -> None:
     plan = plan_rollback(probe, True, False, ["aiter/jit/module_fmha_v3_fwd.so"])
     assert plan.remove_kernels and plan.jit_patterns == ["aiter/jit/module_fmha_v3_fwd.so"] and plan.clear_state
     assert plan.reverts == [] and not plan.problems
+
+
+def test_disk_space_problem_names_where_and_both_sizes() -> None:
+    probe = probe_of([MI210])
+    probe["state_dir_free_bytes"], probe["aiter"]["free_bytes"] = 10_000, 10**9
+    assert disk_space_problem(probe, 20_000, 50_000) == (
+        "10000 bytes free for <state_dir>/staging, the kernel archive needs 20000: free space there or point "
+        "state_dir elsewhere")
+    probe["state_dir_free_bytes"], probe["aiter"]["free_bytes"] = 10**9, 1_000
+    assert "1000 bytes free beside /x/aiter_meta/hsa, the translated tree needs 50000" in \
+        disk_space_problem(probe, 20_000, 50_000)
+    probe["aiter"]["free_bytes"] = 10**9
+    assert disk_space_problem(probe, 20_000, 50_000) is None
