@@ -31,6 +31,7 @@ def probe(**versions: str) -> dict:
                               for name, version in versions.items()}}
 
 
+STATE_DIR = "/var/lib/cdna2"
 MATCHING = {"torch": "2.9.0+rocm6.4", "amd_aiter": "0.1.7.post2.dev18", "triton": "3.7.1"}
 
 
@@ -50,14 +51,15 @@ def lab():
 def test_triton_370_host_gets_one_pip_command_then_the_import_check(lab):
     state, hosts = lab()
     plan = plan_wheels(load_matrix(), probe(**MATCHING | {"triton": "3.7.0"}))
-    meta = add_op(state, wheels.packages, plan=plan, host=[hosts["a"]])[hosts["a"]]
+    meta = add_op(state, wheels.packages, plan=plan, state_dir=STATE_DIR, host=[hosts["a"]])[hosts["a"]]
     assert meta.will_change
     run_ops(state)
     commands = hosts["a"].connector.executed_commands
-    assert len(commands) == 2, commands
-    assert shlex.split(commands[0]) == list(plan.actions[0].argv)
-    assert shlex.split(commands[0])[-1] == "triton==3.7.1"
-    assert IMPORT_CHECK.match(commands[1]) and "Prove that triton" in commands[1]
+    assert len(commands) == 3, commands
+    assert "cdna2.host.state lease --state-dir /var/lib/cdna2" in commands[0], "the run lease comes before pip"
+    assert shlex.split(commands[1]) == list(plan.actions[0].argv)
+    assert shlex.split(commands[1])[-1] == "triton==3.7.1"
+    assert IMPORT_CHECK.match(commands[2]) and "Prove that triton" in commands[2]
     assert meta.did_change() and not state.failed_hosts
 
 
@@ -65,7 +67,7 @@ def test_matching_host_issues_no_command_and_says_why(lab, caplog):
     state, hosts = lab()
     plan = plan_wheels(load_matrix(), probe(**MATCHING))
     with caplog.at_level(logging.DEBUG, logger="pyinfra"):
-        meta = add_op(state, wheels.packages, plan=plan, host=[hosts["a"]])[hosts["a"]]
+        meta = add_op(state, wheels.packages, plan=plan, state_dir=STATE_DIR, host=[hosts["a"]])[hosts["a"]]
         run_ops(state)
     assert hosts["a"].connector.executed_commands == []
     assert not meta.will_change and not meta.did_change()
@@ -83,13 +85,13 @@ def test_refused_host_fails_unchanged_while_the_others_complete(lab, caplog):
         error = raised
     assert error is not None
     good = plan_wheels(matrix, probe(**MATCHING | {"triton": "3.7.0"}))
-    add_op(state, wheels.packages, plan=error, host=[hosts["a"]])
-    add_op(state, wheels.packages, plan=good, host=[hosts["b"]])
+    add_op(state, wheels.packages, plan=error, state_dir=STATE_DIR, host=[hosts["a"]])
+    add_op(state, wheels.packages, plan=good, state_dir=STATE_DIR, host=[hosts["b"]])
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         run_ops(state)
     assert hosts["a"].connector.executed_commands == [], "a refused host must not be touched"
     assert hosts["a"] in state.failed_hosts and hosts["b"] not in state.failed_hosts
-    assert len(hosts["b"].connector.executed_commands) == 2
+    assert len(hosts["b"].connector.executed_commands) == 3
     refusals = [record.getMessage() for record in caplog.records if "ROCm 5.7.1" in record.getMessage()]
     assert any(str(matrix.path) in message for message in refusals), refusals
 
@@ -98,10 +100,10 @@ def test_failed_import_check_fails_the_host(lab):
     death = "importcheck: failed: SIGSEGV, exit 139, while importing triton.runtime.autotuner"
     state, hosts = lab({"@fake/a": {IMPORT_CHECK: {"success": False, "stderr": death}}})
     plan = plan_wheels(load_matrix(), probe(**MATCHING | {"triton": "3.7.0"}))
-    add_op(state, wheels.packages, plan=plan, host=[hosts["a"]])
+    add_op(state, wheels.packages, plan=plan, state_dir=STATE_DIR, host=[hosts["a"]])
     run_ops(state)
     assert hosts["a"] in state.failed_hosts
-    assert len(hosts["a"].connector.executed_commands) == 2
+    assert len(hosts["a"].connector.executed_commands) == 3
 
 
 def test_dry_run_logs_exactly_the_pip_commands_of_each_host(lab, caplog):
@@ -112,7 +114,7 @@ def test_dry_run_logs_exactly_the_pip_commands_of_each_host(lab, caplog):
              "c": plan_wheels(matrix, probe(**MATCHING))}
     with caplog.at_level(logging.INFO, logger="pyinfra"):
         for name, plan in plans.items():
-            add_op(state, wheels.packages, plan=plan, host=[hosts[name]])
+            add_op(state, wheels.packages, plan=plan, state_dir=STATE_DIR, host=[hosts[name]])
     # Only the prepare pass ran (as with --dry): nothing was executed anywhere.
     assert all(host.connector.executed_commands == [] for host in hosts.values())
     for name, plan in plans.items():
@@ -126,4 +128,4 @@ def test_dry_run_logs_exactly_the_pip_commands_of_each_host(lab, caplog):
 def test_plan_of_the_wrong_type_is_refused(lab):
     state, hosts = lab()
     with pytest.raises(OperationTypeError, match="`plan` must be a WheelPlan"):
-        add_op(state, wheels.packages, plan={"actions": []}, host=[hosts["a"]])
+        add_op(state, wheels.packages, plan={"actions": []}, state_dir=STATE_DIR, host=[hosts["a"]])
