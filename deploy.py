@@ -121,18 +121,20 @@ else:
         patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                         target_python=data.target_python, state_dir=data.state_dir)
 
-    # 7. Prove it on gfx90a hosts (a read: no change). Without a gfx90a device the GPU checks say "skipped".
+    # 7. Prove it on gfx90a hosts, once per state they are left in. Without a gfx90a device the GPU checks say
+    #    "skipped", never "passed".
+    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets)
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
     elif skip_patches or aiter_reinstalled:
         report.step(host.name, "smoke", SKIPPED, skip_patches or stale)
     else:
-        smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report,
+        smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report, deployed=deployed,
+                     recorded_smoke=(probe["state"] or {}).get("smoke"),
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
                      target_python=data.target_python, state_dir=data.state_dir)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
     if not aiter_reinstalled:
-        recorded(name="state: the deployed state is recorded", key="deployed",
-                 value=deployed_record(probe, requirements, tree and tree.digest, patch_sets),
+        recorded(name="state: the deployed state is recorded", key="deployed", value=deployed,
                  current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)

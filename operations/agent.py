@@ -73,8 +73,7 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
     staging = f"{target}.staging"
     remote_archive = f"{state_dir}/agent-{bundle.digest[:16]}.tar.gz"
     yield StringCommand("mkdir", "-p", QuoteString(state_dir))
-    yield FileUploadCommand(str(bundle.archive), remote_archive,
-                            remote_temp_filename=host.get_temp_filename(remote_archive))
+    yield FileUploadCommand(str(bundle.archive), remote_archive)
     yield StringCommand(
         "rm", "-rf", QuoteString(staging), "&&", "mkdir", QuoteString(staging),
         "&&", "tar", "-xzf", QuoteString(remote_archive), "-C", QuoteString(staging),

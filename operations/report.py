@@ -82,7 +82,7 @@ class RunRecorder(BaseStateCallback):
                     step.status = FAILED
             elif meta.did_change():
                 row.changes.append(names)
-                if step is not None:
+                if step is not None and step.status in (PLANNED, UNCHANGED):
                     step.status = CHANGED
             elif step is not None and step.status == PLANNED:
                 step.status = UNCHANGED

@@ -1,41 +1,68 @@
-"""Prove the result on the host with the smoke test, without counting as a change."""
+"""Prove the result on the host with the smoke test, once per provisioned state."""
 
 from __future__ import annotations
 
-from pyinfra import host, state
+import hashlib
+import json
+import time
+from typing import Any
 
+from pyinfra import host, state
 from pyinfra.api import operation
 
 from cdna2.report import FAILED, RunReport
+from operations.agent import agent_command
 from operations.facts import SmokeResult
 from operations.util import fail_host_command
 
 
+def proof_key(deployed: dict[str, Any]) -> str:
+    """What a smoke pass proves: the deployed state it ran against (packages, kernel tree, patch sets)."""
+    return hashlib.sha256(json.dumps(deployed, sort_keys=True).encode()).hexdigest()
+
+
+def changed_this_run() -> bool:
+    """Whether an earlier operation of this run changed the current host (read at execute time)."""
+    return any(data.operation_meta.is_complete() and data.operation_meta.did_change()
+               for data in state.ops[host].values())
+
+
 @operation()
-def smoke_passed(report: RunReport, site_packages: str, target_python: str, state_dir: str,
-                 expect_triton: str = "3.7.1"):
+def smoke_passed(report: RunReport, deployed: dict[str, Any], recorded_smoke: dict | None, site_packages: str,
+                 target_python: str, state_dir: str, expect_triton: str = "3.7.1"):
     """
-    Run the on-host smoke test after this run's changes, record every check in the report, fail on any failure.
+    Prove the host's provisioned state with the on-host smoke test, record every check, fail on any failure.
 
     + report: the run report (gets the ``smoke`` column and the per-check details)
+    + deployed: the state this run leaves on the host (``cdna2.plan.deployed_record``): what a pass proves
+    + recorded_smoke: the last pass recorded on the host (``state.json["smoke"]``, from the probe), or None
     + site_packages: the directory holding AITER and vLLM on the host
     + target_python: interpreter that runs the host agent (the smoke test runs in a fresh process of it)
     + state_dir: the tool's state directory on the host
     + expect_triton: the triton version the host must have
 
-    The test reads the host and changes nothing, so a clean host shows no change. GPU checks report "skipped: no
-    gfx90a device" where there is none, never "passed". During ``--dry`` nothing has run yet, so it only says so.
+    Once per state:
+        the test runs when this run changed the host, or when no pass is recorded for the state it leaves there;
+        a pass is then recorded on the host. A re-run that changes nothing reuses that proof (``verify.py`` is
+        the read-only check for drift since). GPU checks report "skipped: no gfx90a device" where there is
+        none, never "passed". During ``--dry`` nothing has run yet, so it only says so.
 
     **Example:**
 
     .. code:: python
 
-        smoke_passed(name="smoke: the host proves the ASM path", report=report,
-                     site_packages="/opt/venv/lib/python3.11/site-packages", target_python="/opt/venv/bin/python",
-                     state_dir="/var/lib/cdna2")
+        smoke_passed(name="smoke: the host proves the ASM path", report=report, deployed=record,
+                     recorded_smoke=probe["state"].get("smoke"), site_packages="/opt/venv/lib/python3.11/site-packages",
+                     target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2")
     """
     if not state.is_executing:
         host.noop("smoke tests run after the changes")
+        return
+    key = proof_key(deployed)
+    if not changed_this_run() and recorded_smoke and recorded_smoke.get("proves") == key:
+        report.step(host.name, "smoke", "ok", f"{recorded_smoke['summary']}, at {recorded_smoke['at']} for this same "
+                                              f"state (nothing changed since)")
+        host.noop(f"smoke passed at {recorded_smoke['at']} for this same state; nothing changed since")
         return
     result = host.get_fact(SmokeResult, target_python=target_python, state_dir=state_dir,
                            site_packages=site_packages, expect_triton=expect_triton)
@@ -50,4 +77,6 @@ def smoke_passed(report: RunReport, site_packages: str, target_python: str, stat
     if bad:
         yield fail_host_command("smoke: " + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
         return
-    host.noop(f"smoke: {summary}")
+    passed = {"proves": key, "summary": summary, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
+                        json.dumps(passed, sort_keys=True))
