@@ -10,13 +10,11 @@ rename, and the cdna2 tool stages and renames. A change made on one host therefo
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 
 from lab import wheelhouse
@@ -39,16 +37,6 @@ def _template_dir(label: str, packages: tuple[str, ...]) -> Path:
     # The key changes whenever the interpreter or the package set does, so a stale template is never reused.
     key = hashlib.sha256("\n".join((HOST_PYTHON, _host_python_version(), *packages)).encode()).hexdigest()[:12]
     return wheelhouse.cache_root() / "lab-venvs" / f"{label}-{key}"
-
-
-@contextmanager
-def _templates_locked():
-    """One builder at a time: concurrent `./lab/up` runs (or a test and a developer) share the templates."""
-    lock_dir = wheelhouse.cache_root() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / "lab-venvs.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        yield
 
 
 def _pip_environment() -> dict[str, str]:
@@ -108,7 +96,7 @@ def _base_template(progress: Progress) -> Path:
 def template_for(kind: Kind, progress: Progress) -> Path:
     """The kind's template venv (built at /opt/venv), building it and the shared base first if needed."""
     _fetch_wheels(kind.packages, progress)
-    with _templates_locked():
+    with wheelhouse.cache_lock("lab-venvs"):
         base = _base_template(progress)
         if not kind.extra_packages:
             return base

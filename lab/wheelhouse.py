@@ -24,8 +24,8 @@ VLLM_VERSIONS = ("0.23.0", "0.26.0", "0.33.0")
 
 
 @contextmanager
-def _locked(name: str):
-    """Serialise downloads and installs between concurrent processes (parallel tests, lab up)."""
+def cache_lock(name: str):
+    """Serialise work on one part of the cache between concurrent processes (parallel tests, lab up, benches)."""
     lock_dir = cache_root() / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"{name}.lock", "w") as lock_file:
@@ -55,7 +55,7 @@ def wheel(requirement: str, *, with_deps: bool = False) -> Path:
     wheels_dir = cache_root() / "wheels"
     wheels_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"{_dist_name(name)}-{version}-"
-    with _locked("wheels"):
+    with cache_lock("wheels"):
         found = sorted(p for p in wheels_dir.glob("*.whl") if p.name.lower().startswith(prefix))
         deps_marker = wheels_dir / f".deps-{_dist_name(name)}-{version}"
         if not found or (with_deps and not deps_marker.exists()):
@@ -77,7 +77,7 @@ def installed_tree(requirement: str) -> Path:
     """
     source = wheel(requirement)
     tree = cache_root() / "trees" / source.name.removesuffix(".whl")
-    with _locked("trees"):
+    with cache_lock("trees"):
         if not (tree / ".complete").exists():
             staging = tree.with_name(tree.name + ".staging")
             shutil.rmtree(staging, ignore_errors=True)

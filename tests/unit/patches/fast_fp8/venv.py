@@ -8,12 +8,10 @@ by the interpreter and the requirements, so a stale one is never reused.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 from lab import wheelhouse
@@ -36,15 +34,6 @@ def _venv_dir() -> Path:
     return wheelhouse.cache_root() / "test-venvs" / f"fp8-{key}"
 
 
-@contextmanager
-def _locked():
-    lock_dir = wheelhouse.cache_root() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / "test-venv-fp8.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        yield
-
-
 def _run(argv: list[str], what: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
@@ -55,7 +44,7 @@ def fp8_python() -> Path:
     """Return the ``bin/python`` of the cached torch-CPU + triton venv, building it first if needed."""
     venv = _venv_dir()
     python = venv / "bin" / "python"
-    with _locked():
+    with wheelhouse.cache_lock("test-venv-fp8"):
         if (venv / ".complete").exists():
             return python
         staging = venv.with_name(venv.name + ".staging")
