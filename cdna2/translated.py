@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -26,6 +26,8 @@ import yaml
 
 from cdna2.archive import tree_archive
 from cdna2.host.probe import tree_digest
+from cdna2.kernels import TRANSLATOR_VERSION, find_llvm
+from cdna2.report import write_atomically
 
 ADAPTATIONS_FILE = "gfx90a-tree.yaml"
 
@@ -42,7 +44,6 @@ class TranslatedTree:
     archive_sha256: str
     kernels: int
     tree_bytes: int  # size of the unpacked tree: the room it needs beside hsa/ on the host
-    report: dict
     adaptations: tuple[str, ...]  # ids of the gfx90a-tree adaptations applied
     invalidates: tuple[str, ...]  # JIT outputs built from the tree's non-kernel files, to remove when it changes
 
@@ -109,12 +110,30 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
     return source
 
 
+def _memo_key(source_digest: str) -> str:
+    """What the translated tree depends on: the source, the translator, the LLVM that proved it, the adaptations."""
+    adaptations = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE).read_bytes()
+    parts = (source_digest, TRANSLATOR_VERSION, find_llvm().banner, hashlib.sha256(adaptations).hexdigest())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
 def ensure_translation(cache: Path, source_digest: str, source: Path,
                        progress: Callable[[str], None] = lambda line: None) -> TranslatedTree:
-    """Translate ``source`` (cached by the engine) and archive the result once per output digest."""
+    """Translate ``source`` (cached by the engine) and archive the result once per output digest.
+
+    The result is remembered per source digest with everything it depends on, so a run that finds it needs no
+    translator process at all.
+    """
     out_dir = cache / "translated" / source_digest
     out_dir.mkdir(parents=True, exist_ok=True)
-    report_path = out_dir / "report.json"
+    memo_path, report_path = out_dir / "tree.json", out_dir / "report.json"  # report.json: the engine's report
+    key = _memo_key(source_digest)
+    memo = json.loads(memo_path.read_text()) if memo_path.exists() else None
+    if memo and memo["key"] == key and Path(memo["archive"]).is_file():
+        progress(f"translated gfx942 tree {source_digest[:12]} taken from the controller cache")
+        fields = {name: value for name, value in memo.items() if name != "key"}
+        return TranslatedTree(**dict(fields, archive=Path(fields["archive"]), adaptations=tuple(fields["adaptations"]),
+                                     invalidates=tuple(fields["invalidates"])))
     command = [sys.executable, "-m", "cdna2", "translate", str(source), str(out_dir / "gfx90a"),
                "--report", str(report_path), "--cache", str(cache / "engine")]
     progress(f"translating gfx942 tree {source_digest[:12]} ({' '.join(command[1:4])} ...)")
@@ -122,18 +141,19 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
     if result.returncode != 0:
         raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]} failed "
                                 f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}")
-    report = json.loads(report_path.read_text())
     applied = adapt_tree(out_dir / "gfx90a", load_adaptations())
     digest = tree_digest(out_dir / "gfx90a")
     archive = cache / "archives" / f"gfx90a-{digest[:32]}.tar.gz"
     if not archive.exists():
         tree_archive(out_dir / "gfx90a", archive)
-    return TranslatedTree(
+    tree = TranslatedTree(
         source_digest=source_digest, digest=digest, archive=archive,
         archive_sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
         kernels=sum(1 for _ in (out_dir / "gfx90a").rglob("*.co")),
         tree_bytes=sum(path.stat().st_size for path in (out_dir / "gfx90a").rglob("*") if path.is_file()),
-        report=report,
         adaptations=tuple(a["id"] for a in applied),
         invalidates=tuple(sorted({pattern for a in applied for pattern in a["invalidates"]})),
     )
+    write_atomically(memo_path, json.dumps(dict(asdict(tree), key=key, archive=str(archive)), indent=1,
+                                           sort_keys=True))
+    return tree
