@@ -19,7 +19,6 @@ filesystem except /opt/rocm, /opt/venv, /var/lib/cdna2 and /tmp):
 from __future__ import annotations
 
 import argparse
-import hashlib
 import html
 import json
 import os

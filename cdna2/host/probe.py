@@ -248,15 +248,24 @@ def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str]) -> dict:
             "arch": arches[0] if len(arches) == 1 else None}
 
 
-def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
+def read_records(distributions: dict, errors: list[str]) -> dict[str, str]:
+    """The RECORD text of every installed distribution, read once ("" when unreadable, with an error line)."""
+    records = {}
+    for package, dist in distributions.items():
+        if dist is None:
+            continue
+        try:
+            records[package] = metadata.distribution(dist["name"]).read_text("RECORD") or ""
+        except Exception as error:  # a broken dist-info must not hide the rest of the probe
+            errors.append(f"{dist['name']} RECORD unreadable: {error}")
+            records[package] = ""
+    return records
+
+
+def read_aiter(dist: dict | None, record_text: str, errors: list[str]) -> dict | None:
     """AITER's kernel trees: the gfx942 tree as its RECORD promises it, and the gfx90a tree as it is on disk."""
     if dist is None:
         return None
-    try:
-        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
-    except Exception as error:
-        errors.append(f"{dist['name']} RECORD unreadable: {error}")
-        record_text = ""
     marker = re.search(r"^(.*?/)?hsa/gfx942/", record_text, re.MULTILINE)
     hsa_rel = f"{marker.group(1) or ''}hsa" if marker else None
     info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0, "gfx942_on_disk": False,
@@ -277,19 +286,14 @@ def read_aiter(dist: dict | None, errors: list[str]) -> dict | None:
     return info
 
 
-def read_patch_targets(patch_files: dict, distributions: dict, errors: list[str]) -> dict:
+def read_patch_targets(patch_files: dict, distributions: dict, records: dict[str, str]) -> dict:
     """For each package's candidate files: RECORD hash, current hash and content (gzip+base64), or null."""
     targets: dict[str, dict] = {}
     for package, files in patch_files.items():
         dist = distributions.get(package)
         if dist is None:
             continue
-        record = {}
-        try:
-            record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
-            record = {path: hash_field for path, hash_field, _ in record_entries(record_text)}
-        except Exception as error:
-            errors.append(f"{dist['name']} RECORD unreadable: {error}")
+        record = {path: hash_field for path, hash_field, _ in record_entries(records[package])}
         entries = {}
         for rel in files:
             path = Path(dist["location"], rel)
@@ -331,15 +335,6 @@ def record_mismatches(location: Path, record_text: str, skip_paths: Collection[s
     return {"checked": checked, "mismatched": mismatched, "missing": missing}
 
 
-def read_record_check(dist: dict, errors: list[str]) -> dict:
-    try:
-        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
-    except Exception as error:
-        errors.append(f"{dist['name']} RECORD unreadable: {error}")
-        return {"checked": 0, "mismatched": [], "missing": []}
-    return record_mismatches(Path(dist["location"]), record_text)
-
-
 def read_backups(state_dir: str, errors: list[str]) -> dict:
     """The patch transactions' backup records (cdna2/host/txn.py): what was patched, and any unfinished journal."""
     backups = {}
@@ -347,7 +342,7 @@ def read_backups(state_dir: str, errors: list[str]) -> dict:
         try:
             state = json.loads(record.read_text())
         except (OSError, ValueError) as error:
-            errors.append(f"{record}: unreadable backup record: {error}")
+            errors.append(f"{record}: unreadable patch record: {error}")
             continue
         backups[state["package"]] = {"backup_dir": str(record.parent), "root": state["root"],
                                      "files": state["files"], "jit_invalidations": state["jit_invalidations"],
@@ -388,6 +383,7 @@ def probe(options: dict) -> dict:
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
+    records = read_records(distributions, errors)
     if not python["is_target"]:
         errors.append(f"target Python {options['target_python']} is missing or not executable; "
                       f"probed with {sys.executable} instead")
@@ -398,14 +394,14 @@ def probe(options: dict) -> dict:
         "rocm": read_rocm(options["rocm_root"], distributions),
         "gpu": read_gpus(options["rocm_root"], options.get("kfd_topology", KFD_TOPOLOGY), errors),
         "distributions": distributions,
-        "aiter": read_aiter(distributions.get("amd-aiter"), errors),
-        "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, errors),
+        "aiter": read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors),
+        "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, records),
         "state": read_state(options["state_dir"], errors),
         "state_dir_used": Path(options["state_dir"]).is_dir() and any(Path(options["state_dir"]).iterdir()),
         "state_dir_free_bytes": free_bytes(Path(options["state_dir"], "staging")),
         "agent": read_agent(options.get("agent_dir")),
         "backups": read_backups(options["state_dir"], errors),
-        "record_check": {package: read_record_check(distributions[package], errors)
+        "record_check": {package: record_mismatches(Path(distributions[package]["location"]), records[package])
                          for package in options.get("record_check", []) if distributions.get(package)},
         "errors": errors,
     }

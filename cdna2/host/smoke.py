@@ -30,11 +30,10 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Iterator
 
-from cdna2.host import importcheck, jit, probe, smoke_gpu, state, txn
+from cdna2.host import importcheck, jit, probe, smoke_gpu, state
 
 PASSED, FAILED, SKIPPED, WRONG = "passed", "failed", "skipped", "wrong"
 STATIC, GPU = "static", "gpu"
@@ -117,6 +116,7 @@ class HostView:
     site_packages: Path
     state_dir: Path
     distributions: dict
+    records: dict[str, str]  # RECORD text per installed package
     aiter: dict | None
     tool_state: dict | None
     transactions: list[Transaction]
@@ -142,31 +142,22 @@ def searched_first(site_packages: Path) -> Iterator[None]:
 
 
 def read_transactions(state_dir: Path, errors: list[str]) -> list[Transaction]:
-    transactions = []
-    for backup_dir in sorted(Path(state_dir, "backups").glob("*")):
-        state_file = backup_dir / txn.STATE
-        if not backup_dir.is_dir() or not state_file.is_file():
-            continue
-        try:
-            record = json.loads(state_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as error:
-            errors.append(f"{state_file}: unreadable patch record: {error}")
-            continue
-        transactions.append(Transaction(backup_dir.name, backup_dir, record, (backup_dir / txn.JOURNAL).exists()))
-    return transactions
+    return [Transaction(package, Path(backup["backup_dir"]), backup, backup["journal"])
+            for package, backup in probe.read_backups(str(state_dir), errors).items()]
 
 
 def read_host(site_packages: Path, state_dir: Path) -> HostView:
     """Everything the static checks look at, read once (call inside ``searched_first``)."""
     errors: list[str] = []
     distributions = probe.read_distributions(errors)
-    aiter = probe.read_aiter(distributions.get("amd-aiter"), errors)
+    records = probe.read_records(distributions, errors)
+    aiter = probe.read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors)
     try:
         tool_state = state.read_state(state_dir)
     except (OSError, ValueError) as error:
         errors.append(f"{state_dir / 'state.json'}: unreadable tool state: {error}")
         tool_state = None
-    return HostView(site_packages, state_dir, distributions, aiter, tool_state,
+    return HostView(site_packages, state_dir, distributions, records, aiter, tool_state,
                     read_transactions(state_dir, errors), errors)
 
 
@@ -322,8 +313,8 @@ def check_record(view: HostView) -> dict:
         dist = view.distributions.get(package)
         if dist is None:
             continue
-        record_text = metadata.distribution(dist["name"]).read_text("RECORD") or ""
-        found = probe.record_mismatches(Path(dist["location"]), record_text, skip_paths=touched.get(package, set()))
+        found = probe.record_mismatches(Path(dist["location"]), view.records[package],
+                                        skip_paths=touched.get(package, set()))
         mismatches.extend(f"{package}: {path} (changed)" for path in found["mismatched"])
         mismatches.extend(f"{package}: {path} (missing)" for path in found["missing"])
         counts.append(f"{found['checked']} {package}")

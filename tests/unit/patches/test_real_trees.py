@@ -6,8 +6,6 @@ import csv
 import hashlib
 import py_compile
 
-import pytest
-
 from cdna2.host import txn
 from cdna2.patches import plan_package, record_hash
 from cdna2.patches.cli import apply_in_place, probe
