@@ -33,23 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from cdna2.host import importcheck, jit, probe, smoke_gpu, state
+from cdna2.host import elf, importcheck, jit, probe, smoke_gpu, state
+from cdna2.host import manifest as kernel_manifest
 
 PASSED, FAILED, SKIPPED, WRONG = "passed", "failed", "skipped", "wrong"
 STATIC, GPU = "static", "gpu"
 DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITER's import path (field-notes §2.2)
 PATCHED_PACKAGES = ("amd-aiter", "vllm")  # the distributions the deploy patches, by the names backups use
 MAX_NAMED = 10  # offenders named in a check's detail; the count is always complete
-
-# amd-aiter e_flags machine byte (low byte of the little-endian uint32 at ELF offset 0x30).
-E_FLAGS_OFFSET = 0x30
-MACHINES = {0x3F: "gfx90a", 0x4C: "gfx942"}
-GFX90A = 0x3F
-
-# Manifest CSVs name their kernel in the first column whose header contains one of these (0.1.7.post2.dev18 uses
-# knl_file, newer AITER co_name), relative to the CSV's folder, or under a product folder the loader inserts.
-MANIFEST_KERNEL_HEADERS = ("co_name", "knl_file")
-PRODUCT_FOLDERS = ("", "MI300", "MI308")
 
 # Kernel-load lines, captured at fd level in the GPU child. AITER 0.1.7.post2.dev18's AiterAsmKernel prints
 # "[aiter] hipModuleLoad: <path> GetFunction: <symbol>" unconditionally; later AITER prints
@@ -190,11 +181,11 @@ def check_gfx90a_tree(view: HostView) -> dict:
 def machine_of(path: Path) -> str:
     """``gfx90a``, ``gfx942``, ``mach 0x..`` for other AMDGPU machines, or why the file is no code object."""
     with open(path, "rb") as handle:
-        header = handle.read(E_FLAGS_OFFSET + 4)
-    if header[:4] != b"\x7fELF" or len(header) < E_FLAGS_OFFSET + 4:
+        header = handle.read(elf.E_FLAGS_OFFSET + 4)
+    if header[:4] != b"\x7fELF" or len(header) < elf.E_FLAGS_OFFSET + 4:
         return "not an ELF file"
-    mach = struct.unpack_from("<I", header, E_FLAGS_OFFSET)[0] & 0xFF
-    return MACHINES.get(mach, f"mach 0x{mach:02x}")
+    mach = struct.unpack_from("<I", header, elf.E_FLAGS_OFFSET)[0] & elf.MACH_MASK
+    return elf.MACH_NAMES.get(mach, f"mach 0x{mach:02x}")
 
 
 def check_code_objects(view: HostView) -> dict:
@@ -214,15 +205,10 @@ def check_code_objects(view: HostView) -> dict:
     return result(name, STATIC, PASSED, f"all {len(code_objects)} code objects in {tree} say gfx90a")
 
 
-def manifest_kernel_column(header: list[str]) -> int | None:
-    matches = [index for index, title in enumerate(header) if any(key in title for key in MANIFEST_KERNEL_HEADERS)]
-    return matches[0] if matches else None
-
-
 def dangling_manifest_rows(tree: Path, manifest: Path) -> tuple[int, list[str]]:
     """Rows checked and ``<csv>:<line> <kernel>`` for each row whose kernel is in none of its load locations."""
     rows = list(csv.reader(io.StringIO(manifest.read_text(encoding="utf-8", errors="replace"))))
-    column = manifest_kernel_column(rows[0]) if rows else None
+    column = kernel_manifest.kernel_column(rows[0]) if rows else None
     if column is None:
         return 0, []
     checked, dangling = 0, []
@@ -231,9 +217,14 @@ def dangling_manifest_rows(tree: Path, manifest: Path) -> tuple[int, list[str]]:
             continue
         checked += 1
         kernel = row[column].strip() if column < len(row) else ""
-        locations = [manifest.parent / folder / kernel for folder in PRODUCT_FOLDERS]
+        relpath = manifest.relative_to(tree).as_posix()
+        try:
+            locations = [tree / candidate for candidate in
+                         kernel_manifest.row_candidates(relpath, kernel, f"{relpath}:{line_number}")]
+        except kernel_manifest.ManifestError:
+            locations = []  # a kernel named outside the tree can never be loaded from it
         inside = all(location.resolve().is_relative_to(tree.resolve()) for location in locations)
-        if not kernel or not inside or not any(location.is_file() for location in locations):
+        if not kernel or not locations or not inside or not any(location.is_file() for location in locations):
             dangling.append(f"{manifest.relative_to(tree)}:{line_number} {kernel or '(empty)'}")
     return checked, dangling
 

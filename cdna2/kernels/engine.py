@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable
 
 from cdna2.host.probe import tree_digest
-from cdna2.kernels import elf, isa, llvm, manifest
+from cdna2.host import elf, manifest
+from cdna2.kernels import isa, llvm
 
 # Bump whenever the bytes written for the same input may change (rename table, patching, manifest rules).
 TRANSLATOR_VERSION = "1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdna2.kernels import manifest
+from cdna2.host import manifest
 
 KNL_FILE_CSV = """\
 qType,kvType,Gqa,Mtp,Msk,Hp,blkSz,knl_name,knl_file

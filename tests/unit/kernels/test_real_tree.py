@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cdna2.host.probe import tree_digest
-from cdna2.kernels import manifest, translate_tree
+from cdna2.host import manifest
+from cdna2.kernels import translate_tree
 from lab import wheelhouse
 
 # Measured with LLVM 22.1.8 (translator version 1): 178 of 1,281 code objects are portable.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import probe, smoke, state, txn
+from cdna2.host import elf, probe, smoke, state, txn
 from tests.unit.test_probe import write_distribution
 
 GFX90A, GFX942 = 0x3F, 0x4C
@@ -26,7 +26,7 @@ def code_object(mach: int, name: str) -> bytes:
     header = bytearray(64)
     header[:8] = b"\x7fELF\x02\x01\x01\x40"  # ELFCLASS64, little-endian, version 1, ELFOSABI_AMDGPU_HSA
     struct.pack_into("<HHI", header, 0x10, 3, 0xE0, 1)  # ET_DYN, EM_AMDGPU, EV_CURRENT
-    struct.pack_into("<I", header, smoke.E_FLAGS_OFFSET, 0x500 | mach)  # xnack/sramecc bits as llvm-mc sets them
+    struct.pack_into("<I", header, elf.E_FLAGS_OFFSET, 0x500 | mach)  # xnack/sramecc bits as llvm-mc sets them
     return bytes(header) + name.encode()
 
 

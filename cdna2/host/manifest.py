@@ -3,6 +3,7 @@
 Two schemas occur in real trees: newer AITER names the column ``co_name``; amd-aiter 0.1.7.post2.dev18 uses
 ``knl_file`` in most of its CSVs and ``co_name`` in others. Names are relative to the CSV's folder, and the fmha
 dispatcher may insert ``MI300/`` or ``MI308/`` at load time, so a row stands for every one of those that exists.
+Standard library only: the translator prunes manifests with it and the smoke test checks them on the host.
 """
 
 from __future__ import annotations

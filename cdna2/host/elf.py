@@ -1,4 +1,7 @@
-"""The few ELF facts of an AMDGPU code object the translator reads and changes, checked before they are trusted."""
+"""The few ELF facts of an AMDGPU code object the translator reads and changes, checked before they are trusted.
+
+Standard library only: the translator (controller) and the smoke test (host) read code objects the same way.
+"""
 
 from __future__ import annotations
 
