@@ -31,6 +31,13 @@ LAB_FORMAT = 1
 SSHD = "/usr/sbin/sshd"
 # Paths of a host that are its own (bind-mounted from its directory under .lab/hosts/<name>/), by host path.
 HOST_BINDS = {"/opt/rocm": "rocm", "/opt/venv": "venv", "/var/lib/cdna2": "state", "/tmp": "tmp"}
+# Files of a host that are its own, bound over this machine's file when it has one. sshd runs every command through
+# root's bash, which reads ~/.bashrc when started by sshd: this machine's (a developer's: pyenv and cargo set-up,
+# ~0.15 CPU-s per command) would run on every simulated host. Each host gets Debian's stock root one instead.
+HOST_FILE_BINDS = {"/root/.bashrc": "root.bashrc"}
+HOST_BASHRC = """# ~/.bashrc of a simulated lab host (written by lab/labctl.py): like Debian's stock root .bashrc, it sets
+# nothing for the non-interactive shells sshd starts. This machine's own /root/.bashrc is not read on lab hosts.
+"""
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 SSH_TIMEOUT_S = 10
@@ -292,6 +299,7 @@ def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost) -> None:
     (host_dir / "state").mkdir(exist_ok=True)
     (host_dir / "tmp").mkdir(exist_ok=True)
     (host_dir / "tmp").chmod(0o1777)
+    write_atomically(host_dir / HOST_FILE_BINDS["/root/.bashrc"], HOST_BASHRC)
     venvs.provision_host_venv(planned.kind, host_dir / "venv", progress)
     write_atomically(host_dir / "sshd_config", sshd_config_text(paths, planned))
 
@@ -318,11 +326,18 @@ def _wait_listening(process: subprocess.Popen, planned: kinds.PlannedHost, host_
                        f"after {START_TIMEOUT_S:.0f} s; see {sshd_log}")
 
 
+def host_binds(host_dir: Path) -> dict[str, str]:
+    """Host path -> the lab file or directory bound over it (a file bind only where this machine has the file)."""
+    file_binds = {path: name for path, name in HOST_FILE_BINDS.items() if Path(path).is_file()}
+    return {mount_point: str(host_dir / name) for mount_point, name in {**HOST_BINDS, **file_binds}.items()}
+
+
 def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
     host_dir = paths.host_dir(planned.name)
-    binds = [arg for mount_point, sub_dir in HOST_BINDS.items() for arg in (str(host_dir / sub_dir), mount_point)]
+    binds = host_binds(host_dir)
     argv = ["unshare", "-m", "-u", "--propagation", "private", "--", "sh", "-c", HOST_ENTRY_SCRIPT, "sh",
-            planned.name, str(host_dir / "sshd_config"), str(host_dir / "sshd.log"), *binds]
+            planned.name, str(host_dir / "sshd_config"), str(host_dir / "sshd.log"),
+            *(arg for mount_point, source in binds.items() for arg in (source, mount_point))]
     log_offset = _log_size(host_dir / "sshd.log")  # sshd -E appends: only lines after this are this start's
     with open(host_dir / "start.log", "w") as start_log:
         # A session of its own, so the host outlives `./lab/up` and whatever shell started it.
@@ -347,7 +362,7 @@ def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
         "sshd_config": str(host_dir / "sshd_config"),
         "sshd_log": str(host_dir / "sshd.log"),
         "host_key_pub": _host_key(paths, planned.name).with_suffix(".pub").read_text().strip(),
-        "binds": {mount_point: str(host_dir / sub_dir) for mount_point, sub_dir in HOST_BINDS.items()},
+        "binds": binds,
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

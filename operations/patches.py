@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import gzip
 import io
 import json
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
+from cdna2.host.probe import file_content
 from cdna2.patches import PackagePlan
 from operations.agent import agent_command, lease_command
 from operations.util import fail_host_command, first_pass
@@ -18,7 +17,7 @@ from operations.util import fail_host_command, first_pass
 def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dict[str, str]]:
     """The target files' bytes and RECORD hashes of ``package`` as the probe read them."""
     entries = probe["patch_targets"][package]["files"]
-    files = {path: gzip.decompress(base64.b64decode(entry["content"])) if entry else None
+    files = {path: file_content(entry["content"]) if entry else None
              for path, entry in entries.items()}
     record = {path: entry["record"] for path, entry in entries.items() if entry and entry["record"]}
     return files, record

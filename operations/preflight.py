@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import cache
+from weakref import WeakKeyDictionary
 from typing import Callable
 
 from pyinfra.api import Inventory
@@ -14,11 +15,23 @@ from cdna2.wheels import Matrix, MatrixError, WheelPlan, WheelPlanError, load_ma
 
 
 def validate_inventory(inventory: Inventory) -> None:
-    """Validate every host's data, not just this one's: one invalid host stops the run before any host changes."""
-    try:
-        validate_hosts((host.name, host.data.dict()) for host in inventory)
-    except HostDataError as error:
-        raise PyinfraError(str(error)) from error
+    """Validate every host's data, not just this one's: one invalid host stops the run before any host changes.
+
+    pyinfra runs the deploy file once per host; the inventory is validated on the first call and the outcome
+    reused, so N hosts cost N validations, not N squared.
+    """
+    if inventory not in _validated:
+        try:
+            validate_hosts((host.name, host.data.dict()) for host in inventory)
+            _validated[inventory] = None
+        except HostDataError as error:
+            _validated[inventory] = str(error)
+    if _validated[inventory] is not None:
+        raise PyinfraError(_validated[inventory])
+
+
+# Inventory -> its validation error (None: valid), for the life of the inventory object.
+_validated: WeakKeyDictionary[Inventory, str | None] = WeakKeyDictionary()
 
 
 @cache

@@ -11,22 +11,20 @@ The options are described by ``ProbeOptions`` below.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import csv
-import gzip
 import hashlib
 import json
 import os
-import platform
 import re
-import socket
 import subprocess
 import sys
-from importlib import metadata
+import zlib
+from collections.abc import Collection
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Collection
 
-PROBE_FORMAT = 1
+PROBE_FORMAT = 2
 
 # Distributions the deploy reasons about, by their PEP 503 name; the alternatives are other names the same
 # software is installed under (a source build of AITER registers as "aiter").
@@ -44,10 +42,18 @@ KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
 
 # --- digests shared with the controller (cdna2.kernels uses these very functions) ---------------------------------
 
+# base64 by hand (binascii, which base64 itself wraps): the probe's start-up time is paid on every host every run.
+_URLSAFE = str.maketrans("+/", "-_")
+
+
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
 def record_hash(data: bytes) -> str:
     """The hash field of a wheel RECORD line for ``data``: ``sha256=<urlsafe base64, no padding>``."""
     digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+    return "sha256=" + _b64(digest).translate(_URLSAFE).rstrip("=")
 
 
 def file_sha256(path: Path) -> str | None:
@@ -77,24 +83,35 @@ def tree_digest(root: Path) -> str:
     for directory, subdirs, files in os.walk(root):
         # Bytecode caches are derived from the sources beside them, and RECORD lists them without a hash.
         subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        relative_dir = os.path.relpath(directory, root)
         for file_name in files:
-            path = Path(directory, file_name)
-            if not path.is_file():
+            path = os.path.join(directory, file_name)
+            if not os.path.isfile(path):
                 continue
-            data = path.read_bytes()
-            entries.append((path.relative_to(root).as_posix(), record_hash(data), str(len(data))))
+            with open(path, "rb") as stream:
+                data = stream.read()
+            relative = file_name if relative_dir == "." else f"{relative_dir}/{file_name}"
+            entries.append((relative, record_hash(data), str(len(data))))
     return _digest_of_entries(entries)
 
 
-def record_entries(record_text: str) -> list[tuple[str, str, str]]:
-    """(path, hash field, size) of every RECORD row; RECORD is CSV, so paths holding commas come quoted."""
-    return [(row + ["", ""])[:3] for row in csv.reader(record_text.splitlines()) if row]
+@lru_cache(maxsize=16)
+def record_entries(record_text: str, prefixes: tuple[str, ...] = ("",)) -> tuple[list[str], ...]:
+    """[path, hash field, size] of the RECORD rows whose path starts with one of ``prefixes`` (default: every row).
+
+    RECORD is CSV, so a path holding a comma comes quoted: such lines are always parsed, then filtered by path.
+    Filtering the raw lines first keeps a probe off the CSV parse of AITER's 1.5 MB RECORD; the result is cached
+    because a probe asks for the same rows more than once.
+    """
+    lines = [line for line in record_text.splitlines() if line.startswith(prefixes) or line.startswith('"')]
+    return tuple(row if len(row) == 3 else (row + ["", ""])[:3]
+                 for row in csv.reader(lines) if row and row[0].startswith(prefixes))
 
 
 def record_tree_digest(record_text: str, prefix: str) -> tuple[str, int]:
     """Digest (as ``tree_digest``) and file count of the RECORD entries under ``prefix`` (ending in ``/``)."""
-    entries = [(path[len(prefix):], hash_field, size) for path, hash_field, size in record_entries(record_text)
-               if path.startswith(prefix) and hash_field]
+    rows = record_entries(record_text, (prefix,))
+    entries = [(path[len(prefix):], hash_field, size) for path, hash_field, size in rows if hash_field]
     return _digest_of_entries(entries), len(entries)
 
 
@@ -108,13 +125,14 @@ def read_os() -> dict:
             key, sep, value = line.partition("=")
             if sep:
                 release[key] = value.strip().strip('"')
+    uname = os.uname()
     return {
-        "hostname": socket.gethostname(),
+        "hostname": uname.nodename,
         "id": release.get("ID"),
         "version_id": release.get("VERSION_ID"),
         "pretty_name": release.get("PRETTY_NAME"),
-        "kernel": platform.release(),
-        "machine": platform.machine(),
+        "kernel": uname.release,
+        "machine": uname.machine,
     }
 
 
@@ -131,29 +149,79 @@ def read_python(target_python: str) -> dict:
         "target": target_python,
         "target_exists": os.access(target_python, os.X_OK),
         "is_target": is_target,
-        "version": platform.python_version(),
+        "version": sys.version.split()[0],
         "abi": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "prefix": sys.prefix,
         "site_packages": paths.get("purelib"),
     }
 
 
+def canonical_name(name: str) -> str:
+    """PEP 503 normalised name: ``amd_aiter`` -> ``amd-aiter``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# Installed-distribution metadata directories, and the file in each that holds the core metadata.
+METADATA_DIRS = {".dist-info": "METADATA", ".egg-info": "PKG-INFO"}
+
+
+def find_metadata_dirs(wanted: Collection[str]) -> dict[str, Path]:
+    """The first metadata directory on ``sys.path`` of each wanted (canonical) name, as importlib.metadata finds it.
+
+    Read by hand rather than through importlib.metadata, whose imports alone cost more than the rest of the probe.
+    """
+    found: dict[str, Path] = {}
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            suffix = next((suffix for suffix in METADATA_DIRS if name.endswith(suffix)), None)
+            if suffix is None:
+                continue
+            canonical = canonical_name(name[:-len(suffix)].partition("-")[0])
+            if canonical in wanted and canonical not in found:
+                found[canonical] = Path(entry or ".", name)
+    return found
+
+
+def read_core_metadata(metadata_dir: Path) -> dict[str, str]:
+    """The header fields of a distribution's METADATA (PKG-INFO): up to the first blank line, first value wins."""
+    fields: dict[str, str] = {}
+    file_name = next(name for suffix, name in METADATA_DIRS.items() if metadata_dir.name.endswith(suffix))
+    text = (metadata_dir / file_name).read_text(encoding="utf-8", errors="replace")
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep and not line[0].isspace():
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 def read_distributions(errors: list[str]) -> dict:
     found: dict[str, dict | None] = {}
+    metadata_dirs = find_metadata_dirs({canonical_name(name) for names in DISTRIBUTIONS.values() for name in names})
     for canonical, candidates in DISTRIBUTIONS.items():
         found[canonical] = None
         for candidate in candidates:
-            try:
-                dist = metadata.distribution(candidate)
-            except metadata.PackageNotFoundError:
+            metadata_dir = metadata_dirs.get(canonical_name(candidate))
+            if metadata_dir is None:
                 continue
-            except Exception as error:  # a broken dist-info must not hide the rest of the probe
-                errors.append(f"distribution {candidate}: unreadable metadata: {error}")
+            try:
+                fields = read_core_metadata(metadata_dir)
+            except OSError as error:  # a broken dist-info must not hide the rest of the probe
+                errors.append(f"distribution {candidate}: unreadable metadata in {metadata_dir}: {error}")
+                continue
+            if not fields.get("Name") or not fields.get("Version"):
+                errors.append(f"distribution {candidate}: {metadata_dir} has no Name or Version")
                 continue
             found[canonical] = {
-                "name": dist.metadata["Name"],
-                "version": dist.version,
-                "location": str(dist.locate_file("")),
+                "name": fields["Name"],
+                "version": fields["Version"],
+                "location": str(metadata_dir.parent),
+                "metadata_dir": str(metadata_dir),
             }
             break
     return found
@@ -254,20 +322,34 @@ def read_records(distributions: dict, errors: list[str]) -> dict[str, str]:
     for package, dist in distributions.items():
         if dist is None:
             continue
+        record = Path(dist["metadata_dir"], "RECORD")
         try:
-            records[package] = metadata.distribution(dist["name"]).read_text("RECORD") or ""
-        except Exception as error:  # a broken dist-info must not hide the rest of the probe
+            records[package] = record.read_text(encoding="utf-8") if record.exists() else ""
+        except (OSError, UnicodeDecodeError) as error:  # a broken dist-info must not hide the rest of the probe
             errors.append(f"{dist['name']} RECORD unreadable: {error}")
             records[package] = ""
     return records
+
+
+def kernel_tree_root(record_text: str) -> str | None:
+    """AITER's ``hsa`` directory relative to site-packages (``aiter_meta/hsa``), from the first gfx942 RECORD row."""
+    start = 0
+    while (index := record_text.find("hsa/gfx942/", start)) >= 0:
+        line_end = record_text.find("\n", index)
+        line = record_text[record_text.rfind("\n", 0, index) + 1:None if line_end < 0 else line_end]
+        for path, _, _ in record_entries(line):
+            position = f"/{path}".find("/hsa/gfx942/")
+            if position >= 0:
+                return f"{path[:position]}hsa"
+        start = index + 1
+    return None
 
 
 def read_aiter(dist: dict | None, record_text: str, errors: list[str]) -> dict | None:
     """AITER's kernel trees: the gfx942 tree as its RECORD promises it, and the gfx90a tree as it is on disk."""
     if dist is None:
         return None
-    marker = re.search(r"^(.*?/)?hsa/gfx942/", record_text, re.MULTILINE)
-    hsa_rel = f"{marker.group(1) or ''}hsa" if marker else None
+    hsa_rel = kernel_tree_root(record_text)
     info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0, "gfx942_on_disk": False,
             "gfx90a_digest": None, "gfx90a_files": 0, "gfx90a_previous": False, "free_bytes": None}
     if hsa_rel is None:
@@ -286,14 +368,20 @@ def read_aiter(dist: dict | None, record_text: str, errors: list[str]) -> dict |
     return info
 
 
+def file_content(encoded: str) -> bytes:
+    """The bytes of a patch target as ``read_patch_targets`` sends them (zlib, then base64)."""
+    return zlib.decompress(binascii.a2b_base64(encoded))
+
+
 def read_patch_targets(patch_files: dict, distributions: dict, records: dict[str, str]) -> dict:
-    """For each package's candidate files: RECORD hash, current hash and content (gzip+base64), or null."""
+    """For each package's candidate files: RECORD hash, current hash and content (zlib+base64), or null."""
     targets: dict[str, dict] = {}
     for package, files in patch_files.items():
         dist = distributions.get(package)
         if dist is None:
             continue
-        record = {path: hash_field for path, hash_field, _ in record_entries(records[package])}
+        record = {path: hash_field for path, hash_field, _ in record_entries(records[package], tuple(files))
+                  if path in files}
         entries = {}
         for rel in files:
             path = Path(dist["location"], rel)
@@ -304,7 +392,8 @@ def read_patch_targets(patch_files: dict, distributions: dict, records: dict[str
             entries[rel] = {
                 "record": record.get(rel) or None,
                 "current": record_hash(data),
-                "content": base64.b64encode(gzip.compress(data, mtime=0)).decode("ascii"),
+                # Level 1: the bytes cross a local network once; level 9 cost more CPU than the rest of the probe.
+                "content": _b64(zlib.compress(data, 1)),
             }
         targets[package] = {"location": dist["location"], "files": entries}
     return targets

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from lab import kinds, venvs, wheelhouse
-from lab.labctl import REPO, process_state, host_alive, ssh_argv
+from lab.labctl import HOST_BASHRC, REPO, host_alive, process_state, ssh_argv
 
 pytestmark = pytest.mark.lab
 
@@ -93,6 +93,15 @@ def test_hosts_have_their_own_tmp_and_state_dir(lab):
         assert (Path(first["binds"]["/tmp"]) / marker).exists()
     finally:
         ssh(lab, first, f"rm -f /tmp/{marker} /var/lib/cdna2/{marker}")
+
+
+def test_hosts_shell_reads_their_own_bashrc(lab):
+    """sshd runs each command through root's bash, which reads ~/.bashrc: the host's own, not this machine's."""
+    if not Path("/root/.bashrc").is_file():
+        pytest.skip("this machine has no /root/.bashrc, so lab hosts bind none over it")
+    host = lab["hosts"][0]
+    seen = ssh(lab, host, "cat ~/.bashrc").stdout
+    assert seen == HOST_BASHRC == Path(host["binds"]["/root/.bashrc"]).read_text()
 
 
 def test_host_key_checking_is_on(lab, tmp_path):

@@ -77,3 +77,28 @@ def test_validate_data_command_reads_debug_inventory_json(defaults: dict, tmp_pa
     report = json.loads(result.stdout)
     assert report["valid"] is False and report["problems"] == [
         {"host": "n2", "key": "install_vlm", "reason": "unknown data key (did you mean `install_vllm`?)"}]
+
+
+def test_inventory_is_validated_once_and_its_error_given_to_every_host(defaults: dict, monkeypatch) -> None:
+    """pyinfra runs the deploy file once per host: the whole inventory is validated on the first call only."""
+    from pyinfra.api import Inventory
+    from pyinfra.api.exceptions import PyinfraError
+
+    from operations import preflight
+
+    calls = []
+
+    def counted(hosts) -> None:
+        calls.append(list(hosts))
+        validate_hosts(calls[-1])
+
+    monkeypatch.setattr(preflight, "validate_hosts", counted)
+    good = Inventory(([(f"node-{index}", {}) for index in range(16)], defaults))
+    for _ in good:
+        preflight.validate_inventory(good)
+    assert len(calls) == 1 and len(calls[0]) == 16
+    bad = Inventory(([("node-a", {}), ("node-b", {"targt_python": "/opt/venv/bin/python"})], defaults))
+    for _ in bad:
+        with pytest.raises(PyinfraError, match="host node-b: data key `targt_python`: unknown data key"):
+            preflight.validate_inventory(bad)
+    assert len(calls) == 2

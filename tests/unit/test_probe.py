@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import base64
 import csv
-import gzip
 import json
 import os
 import shlex
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -67,10 +67,10 @@ def install_rocminfo(rocm: Path, output_file: Path | None, exit_code: int = 0) -
     script.chmod(0o755)
 
 
-def run_probe(root: Path, **overrides) -> dict:
+def run_probe(root: Path, python_path: str | None = None, **overrides) -> dict:
     options = {"target_python": sys.executable, "rocm_root": str(root / "rocm"), "state_dir": str(root / "state"),
                "kfd_topology": str(root / "kfd"), **overrides}
-    env = dict(os.environ, PYTHONPATH=str(root / "site-packages"))
+    env = dict(os.environ, PYTHONPATH=python_path or str(root / "site-packages"))
     # Run the file's text with -c, exactly as the HostProbe fact sends it over SSH.
     result = subprocess.run([sys.executable, "-c", PROBE_SCRIPT.read_text(), json.dumps(options)],
                             capture_output=True, text=True, env=env, check=True)
@@ -104,8 +104,9 @@ def test_kfd_topology_when_rocminfo_fails(host_root: Path) -> None:
 def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) -> None:
     found = run_probe(host_root)
     site = host_root / "site-packages"
-    assert found["distributions"]["amd-aiter"] == {"name": "amd-aiter", "version": "0.1.7.post2.dev18",
-                                                   "location": str(site)}
+    assert found["distributions"]["amd-aiter"] == {
+        "name": "amd-aiter", "version": "0.1.7.post2.dev18", "location": str(site),
+        "metadata_dir": str(site / "amd_aiter-0.1.7.post2.dev18.dist-info")}
     assert found["distributions"]["triton"]["version"] == "3.7.0"
     assert found["distributions"]["torch"] is None and found["distributions"]["vllm"] is None
     aiter = found["aiter"]
@@ -114,6 +115,55 @@ def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) ->
     assert aiter["gfx942_record_digest"] == probe.tree_digest(site / "aiter_meta/hsa/gfx942"), \
         "the RECORD digest must equal the digest of the same tree read from disk"
     assert aiter["gfx90a_digest"] is None
+
+
+IMPORTLIB_VIEW = """import json, sys
+from importlib import metadata
+found = {}
+for name in sys.argv[1:]:
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        continue
+    found[name] = [dist.metadata["Name"], dist.version, str(dist.locate_file(""))]
+print(json.dumps(found))
+"""
+
+
+def test_distributions_are_found_as_importlib_metadata_finds_them(host_root: Path) -> None:
+    """The probe reads metadata by hand (importlib.metadata is slow to import): it must find what importlib finds.
+
+    Three places on sys.path: a later site-packages with another amd-aiter (shadowed), an egg-info source build
+    of AITER under the name "aiter", and a distribution whose METADATA lacks its version (reported, not found).
+    """
+    site, later = host_root / "site-packages", host_root / "later-site"
+    write_distribution(later, "amd-aiter", "0.1.19", {"aiter/__init__.py": b""})
+    write_distribution(later, "triton", "3.7.1", {"triton/__init__.py": b""})
+    source_build = host_root / "aiter-src"
+    (source_build / "aiter.egg-info").mkdir(parents=True)
+    (source_build / "aiter.egg-info" / "PKG-INFO").write_text(
+        "Metadata-Version: 2.1\nName: aiter\nVersion: 0.1.5.dev3+g1234\nSummary: a: colon\n\nName: body\n")
+    broken = host_root / "broken-site"
+    (broken / "vllm-0.26.0.dist-info").mkdir(parents=True)
+    (broken / "vllm-0.26.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\n")
+    path = os.pathsep.join(map(str, (site, later, source_build, broken)))
+    found = run_probe(host_root, python_path=path)
+    names = ["amd-aiter", "aiter", "triton", "torch"]
+    expected = json.loads(subprocess.run([sys.executable, "-c", IMPORTLIB_VIEW, *names], capture_output=True,
+                                         text=True, env=dict(os.environ, PYTHONPATH=path), check=True).stdout)
+    assert expected["amd-aiter"] == ["amd-aiter", "0.1.7.post2.dev18", str(site)], "the first on sys.path wins"
+    assert expected["aiter"] == ["aiter", "0.1.5.dev3+g1234", str(source_build)]
+    for name in ("amd-aiter", "triton"):
+        dist = found["distributions"][name]
+        assert [dist["name"], dist["version"], dist["location"]] == expected[name]
+    assert found["distributions"]["torch"] is None and "torch" not in expected
+    assert found["distributions"]["vllm"] is None
+    assert any("vllm" in error and "no Name or Version" in error for error in found["errors"]), found["errors"]
+    # Without amd-aiter, the source build is the AITER the probe reports.
+    for metadata_dir in (site / "amd_aiter-0.1.7.post2.dev18.dist-info", later / "amd_aiter-0.1.19.dist-info"):
+        metadata_dir.rename(metadata_dir.with_name("gone"))
+    dist = run_probe(host_root, python_path=path)["distributions"]["amd-aiter"]
+    assert [dist["name"], dist["version"], dist["location"]] == expected["aiter"]
 
 
 def test_gfx90a_tree_digest_and_tampering(host_root: Path) -> None:
@@ -134,9 +184,23 @@ def test_patch_targets_carry_content_and_both_hashes(host_root: Path) -> None:
     entry = found["patch_targets"]["amd-aiter"]["files"]["aiter/jit/core.py"]
     assert entry["record"] == probe.record_hash(b"GFX = 'gfx942'\n")
     assert entry["current"] == probe.record_hash(b"GFX = 'gfx90a'\n")
-    assert gzip.decompress(base64.b64decode(entry["content"])) == b"GFX = 'gfx90a'\n"
+    assert zlib.decompress(base64.b64decode(entry["content"])) == b"GFX = 'gfx90a'\n"
     assert found["patch_targets"]["amd-aiter"]["files"]["aiter/missing.py"] is None
     assert "vllm" not in found["patch_targets"], "a package that is not installed has no targets"
+
+
+def test_record_rows_by_prefix_include_quoted_paths() -> None:
+    record = ('aiter/a.py,sha256=a,1\n"aiter/configs/E=1,N=2.json",sha256=b,2\n'
+              'aiter_meta/hsa/gfx942/x.co,sha256=c,3\n"aiter_meta/hsa/gfx942/y,z.co",sha256=d,4\n'
+              'amd_aiter-1.dist-info/RECORD,,\n')
+    assert probe.record_entries(record, ("aiter_meta/hsa/gfx942/",)) == (
+        ["aiter_meta/hsa/gfx942/x.co", "sha256=c", "3"], ["aiter_meta/hsa/gfx942/y,z.co", "sha256=d", "4"])
+    assert [row[0] for row in probe.record_entries(record, ("aiter/configs/E=1,N=2.json", "aiter/b.py"))] == [
+        "aiter/configs/E=1,N=2.json"]
+    assert len(probe.record_entries(record)) == 5
+    assert probe.kernel_tree_root(record) == "aiter_meta/hsa"
+    assert probe.kernel_tree_root('x/nothsa/gfx942/a,sha256=a,1\n"p/hsa/gfx942/b,c",sha256=b,1\n') == "p/hsa"
+    assert probe.kernel_tree_root("aiter/a.py,sha256=a,1\n") is None
 
 
 def test_recorded_state_and_unreadable_state(host_root: Path) -> None:
