@@ -26,8 +26,8 @@ from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import load_data_files, validate_inventory
 from operations.report import RunRecorder
-from operations.smoke import smoke_passed
-from operations.state import recorded
+from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
+from operations.state import record_needed, recorded
 from operations.wheels import packages as wheel_packages
 
 report = RunRecorder.install(state, mode="deploy").report
@@ -65,13 +65,20 @@ if problem:
 else:
     report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
 
+    # From here on, an operation is issued only where the probe shows work for it: a host that already holds
+    # what this run would give it gets no operation at all (pyinfra's per-operation cost is paid per host).
+
     # 3. The host agent first: the later steps run their on-host halves from it.
-    agent_installed(name="agent: host-side modules are current", bundle=current_agent_bundle(),
-                    state_dir=data.state_dir, installed_digest=probe["agent"]["digest"])
+    agent = current_agent_bundle()
+    if probe["agent"]["digest"] != agent.digest:
+        agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=data.state_dir,
+                        installed_digest=probe["agent"]["digest"])
 
     # What the host had before the first deploy: rollback restores triton from it.
-    recorded(name="state: the pre-deploy baseline is recorded", key="baseline", value=installed_versions(probe),
-             current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir, once=True)
+    baseline = installed_versions(probe)
+    if record_needed("baseline", baseline, probe["state"], once=True):
+        recorded(name="state: the pre-deploy baseline is recorded", key="baseline", value=baseline,
+                 current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir, once=True)
 
     # 4. Wheels before kernels and patches: those work on the AITER and vLLM that end up installed.
     if wheel_plan is None:
@@ -79,21 +86,22 @@ else:
     else:
         report.step(host.name, "wheels", PLANNED if actions else UNCHANGED, "; ".join(requirements) or "as planned")
         report.host(host.name).package_changes(requirements)
-        wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan,
-                       state_dir=data.state_dir)
+        if actions:
+            wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan,
+                           state_dir=data.state_dir)
 
     # The probe describes the AITER found before this run; a reinstalled one is translated and patched next run.
     stale = "amd-aiter is (re)installed by this run: run the deploy again to translate and patch it"
 
     # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
     if tree is not None:
-        installed = probe["aiter"]["gfx90a_digest"]
-        report.step(host.name, "kernels", UNCHANGED if installed == tree.digest else PLANNED,
+        report.step(host.name, "kernels", PLANNED if needs_upload else UNCHANGED,
                     f"{tree.kernels} kernels, tree {tree.digest[:12]}")
-        translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
-                           hsa_root=probe["aiter"]["hsa_root"], installed_digest=installed,
-                           site_packages=probe["distributions"]["amd-aiter"]["location"],
-                           target_python=data.target_python, state_dir=data.state_dir)
+        if needs_upload:
+            translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
+                               hsa_root=probe["aiter"]["hsa_root"], installed_digest=probe["aiter"]["gfx90a_digest"],
+                               site_packages=probe["distributions"]["amd-aiter"]["location"],
+                               target_python=data.target_python, state_dir=data.state_dir)
     elif kernels == FAIL:
         report.step(host.name, "kernels", FAILED, why)
         python.raise_exception(name="kernels: the host can take translated kernels", exception=OperationError,
@@ -118,8 +126,9 @@ else:
         patch_sets[package] = plan.sets
         status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
         report.step(host.name, step, status, ", ".join(plan.sets) or "; ".join(plan.reasons))
-        patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
-                        target_python=data.target_python, state_dir=data.state_dir)
+        if status != UNCHANGED:  # to apply, or refused: the operation fails the host with the reasons
+            patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
+                            target_python=data.target_python, state_dir=data.state_dir)
 
     # 7. Prove it on gfx90a hosts, once per state they are left in. Without a gfx90a device the GPU checks say
     #    "skipped", never "passed".
@@ -128,13 +137,16 @@ else:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
     elif skip_patches or aiter_reinstalled:
         report.step(host.name, "smoke", SKIPPED, skip_patches or stale)
+    elif not state.ops[host] and (proof := recorded_proof(deployed, probe["state"])):
+        # No operation changes the host this run: the pass recorded for this very state still proves it.
+        report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
     else:
         smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report, deployed=deployed,
-                     recorded_smoke=(probe["state"] or {}).get("smoke"),
+                     current_state=probe["state"],
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
                      target_python=data.target_python, state_dir=data.state_dir)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
-    if not aiter_reinstalled:
+    if not aiter_reinstalled and record_needed("deployed", deployed, probe["state"]):
         recorded(name="state: the deployed state is recorded", key="deployed", value=deployed,
                  current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)

@@ -91,6 +91,10 @@ class RunReport:
     def step(self, host: str, step: str, status: str, detail: str = "") -> None:
         self.host(host).steps[step] = StepResult(status, detail)
 
+    def sorted_rows(self) -> list[HostRow]:
+        """Rows by host name: hosts are probed in parallel, so the order they were first seen in varies."""
+        return sorted(self.rows.values(), key=lambda row: row.host)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": REPORT_FORMAT,
@@ -98,8 +102,8 @@ class RunReport:
             "executed": self.executed,
             "inventory": self.inventory,
             "started": self.started.isoformat(timespec="seconds"),
-            "hosts": [dict(asdict(row), status=row.status) for row in self.rows.values()],
-            "failed_hosts": [row.host for row in self.rows.values() if row.status == FAILED],
+            "hosts": [dict(asdict(row), status=row.status) for row in self.sorted_rows()],
+            "failed_hosts": [row.host for row in self.sorted_rows() if row.status == FAILED],
         }
 
     def to_markdown(self) -> str:
@@ -113,8 +117,8 @@ class RunReport:
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
         ]
-        notes = {row.host: list(row.notes) for row in self.rows.values()}
-        for row in self.rows.values():
+        notes = {row.host: list(row.notes) for row in self.sorted_rows()}
+        for row in self.sorted_rows():
             # A reason shared by several steps (a gfx942 host left alone) is written once, under Notes.
             details = [step.detail for step in row.steps.values() if step.detail]
             shared = {detail for detail in details if details.count(detail) > 1}
@@ -126,7 +130,7 @@ class RunReport:
                      ", ".join(row.changes) or "none"]
             lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
         for title, source in (("Errors", {row.host: row.errors for row in self.rows.values()}), ("Notes", notes)):
-            entries = [(host, text) for host, texts in source.items() for text in texts]
+            entries = [(host, text) for host, texts in sorted(source.items()) for text in texts]
             if entries:
                 lines += ["", f"## {title}", ""] + [f"- {host}: {text}" for host, text in entries]
         return "\n".join(lines) + "\n"

@@ -21,6 +21,17 @@ def proof_key(deployed: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(deployed, sort_keys=True).encode()).hexdigest()
 
 
+def recorded_proof(deployed: dict[str, Any], current_state: dict | None) -> dict | None:
+    """The smoke pass recorded on the host (``state.json["smoke"]``) when it proves this very deployed state."""
+    recorded_smoke = (current_state or {}).get("smoke")
+    return recorded_smoke if recorded_smoke and recorded_smoke.get("proves") == proof_key(deployed) else None
+
+
+def reused_proof_summary(proof: dict) -> str:
+    """The report's smoke entry for a run that reuses a recorded pass."""
+    return f"{proof['summary']}, at {proof['at']} for this same state (nothing changed since)"
+
+
 def changed_this_run() -> bool:
     """Whether an earlier operation of this run changed the current host (read at execute time)."""
     return any(data.operation_meta.is_complete() and data.operation_meta.did_change()
@@ -28,14 +39,14 @@ def changed_this_run() -> bool:
 
 
 @operation()
-def smoke_passed(report: RunReport, deployed: dict[str, Any], recorded_smoke: dict | None, site_packages: str,
+def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dict | None, site_packages: str,
                  target_python: str, state_dir: str, expect_triton: str = "3.7.1"):
     """
     Prove the host's provisioned state with the on-host smoke test, record every check, fail on any failure.
 
     + report: the run report (gets the ``smoke`` column and the per-check details)
     + deployed: the state this run leaves on the host (``cdna2.plan.deployed_record``): what a pass proves
-    + recorded_smoke: the last pass recorded on the host (``state.json["smoke"]``, from the probe), or None
+    + current_state: the host's state as the probe read it (its ``smoke`` entry is the last recorded pass)
     + site_packages: the directory holding AITER and vLLM on the host
     + target_python: interpreter that runs the host agent (the smoke test runs in a fresh process of it)
     + state_dir: the tool's state directory on the host
@@ -52,17 +63,16 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], recorded_smoke: di
     .. code:: python
 
         smoke_passed(name="smoke: the host proves the ASM path", report=report, deployed=record,
-                     recorded_smoke=probe["state"].get("smoke"), site_packages="/opt/venv/lib/python3.11/site-packages",
+                     current_state=probe["state"], site_packages="/opt/venv/lib/python3.11/site-packages",
                      target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2")
     """
     if not state.is_executing:
         host.noop("smoke tests run after the changes")
         return
-    key = proof_key(deployed)
-    if not changed_this_run() and recorded_smoke and recorded_smoke.get("proves") == key:
-        report.step(host.name, "smoke", "ok", f"{recorded_smoke['summary']}, at {recorded_smoke['at']} for this same "
-                                              f"state (nothing changed since)")
-        host.noop(f"smoke passed at {recorded_smoke['at']} for this same state; nothing changed since")
+    proof = recorded_proof(deployed, current_state)
+    if not changed_this_run() and proof:
+        report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
+        host.noop(f"smoke passed at {proof['at']} for this same state; nothing changed since")
         return
     result = host.get_fact(SmokeResult, target_python=target_python, state_dir=state_dir,
                            site_packages=site_packages, expect_triton=expect_triton)
@@ -77,6 +87,6 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], recorded_smoke: di
     if bad:
         yield fail_host_command("smoke: " + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
         return
-    passed = {"proves": key, "summary": summary, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    passed = {"proves": proof_key(deployed), "summary": summary, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
                         json.dumps(passed, sort_keys=True))

@@ -11,6 +11,12 @@ from pyinfra.api import operation
 from operations.agent import agent_command
 
 
+def record_needed(key: str, value: Any, current_state: dict | None, once: bool = False) -> bool:
+    """Whether ``recorded`` would write: the entry differs from ``value`` (or, with ``once``, is absent)."""
+    current = (current_state or {}).get(key)
+    return current is None if once else current != value
+
+
 @operation()
 def recorded(key: str, value: Any, current_state: dict | None, target_python: str, state_dir: str,
              once: bool = False):
@@ -34,8 +40,7 @@ def recorded(key: str, value: Any, current_state: dict | None, target_python: st
             target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2", once=True,
         )
     """
-    current = (current_state or {}).get(key)
-    if (once and current is not None) or current == value:
+    if not record_needed(key, value, current_state, once):
         host.noop(f"state {key} in {state_dir} is already recorded")
         return
     yield agent_command(target_python, state_dir, "state", "set-once" if once else "set", "--state-dir", state_dir,

@@ -81,8 +81,9 @@ def test_report_rows_json_and_markdown(tmp_path: Path) -> None:
     json_path, markdown_path = report.write(tmp_path)
     written = json.loads(json_path.read_text())
     assert written["failed_hosts"] == ["dead"]
-    assert [row["status"] for row in written["hosts"]] == ["ok", "ok", FAILED]
-    assert written["hosts"][0]["gpus"] == ["AMD Instinct MI210 (104 CU, 0x740f)"] * 2
+    assert [(row["host"], row["status"]) for row in written["hosts"]] == [
+        ("dead", FAILED), ("mi210-a", "ok"), ("mi300x-c", "ok")], "rows by host name, not by when a host was seen"
+    assert written["hosts"][1]["gpus"] == ["AMD Instinct MI210 (104 CU, 0x740f)"] * 2
     markdown = markdown_path.read_text()
     assert "| mi210-a | ok | 6.4.3 | gfx90a | 0.1.7.post2.dev18 | - | 3.7.0 | - | changed: 112 kernels |" in markdown
     assert "GPU arch gfx942 \\| MI300X" in markdown, "a pipe inside a cell must be escaped"
