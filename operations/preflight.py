@@ -48,7 +48,7 @@ def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPl
     """The patch catalog and this host's wheel planner, with their YAML validated before anything changes.
 
     A broken data file stops the run for every host. A plan that cannot be made for one host (its ROCm is not in
-    the matrix, say) is returned as the error, for the wheels operation to fail that host alone.
+    the matrix, say) is returned as the error, for the deploy's preflight to fail that host alone.
     """
     try:
         catalog, matrix = _catalog(), _matrix(data.wheel_matrix)

@@ -7,9 +7,9 @@ from importlib import resources
 from pyinfra import host, logger
 from pyinfra.api import OperationTypeError, QuoteString, StringCommand, operation
 
-from cdna2.wheels import WheelPlan, WheelPlanError
+from cdna2.wheels import WheelPlan
 from operations.agent import lease_command
-from operations.util import fail_host_command, first_pass
+from operations.util import first_pass
 
 IMPORTCHECK_SOURCE = resources.files("cdna2").joinpath("host", "importcheck.py").read_text()
 
@@ -20,11 +20,11 @@ def import_check_command(python: str) -> StringCommand:
 
 
 @operation()
-def packages(plan: WheelPlan | WheelPlanError, state_dir: str):
+def packages(plan: WheelPlan, state_dir: str):
     """
     Install the wheels a host's plan names, in order, then prove triton (and AITER) import.
 
-    + plan: the host's ``cdna2.wheels.plan_wheels(...)`` result, or the ``WheelPlanError`` it raised for this host
+    + plan: the host's ``cdna2.wheels.plan_wheels(...)`` result (a host it cannot plan for is failed in preflight)
     + state_dir: the tool's state directory on the host (its run lease is taken before pip runs)
 
     Order:
@@ -38,10 +38,6 @@ def packages(plan: WheelPlan | WheelPlanError, state_dir: str):
         where torch is a ROCm build, ``aiter``, each in its own process; a death by signal ("SIGSEGV, exit 139,
         while importing ...") or any failed import exits non-zero and fails the host. It runs only when something
         was installed, so a second run changes nothing.
-
-    Refusal:
-        given a ``WheelPlanError`` (a ROCm version the matrix does not cover, for example), the host fails at
-        execute with that message and nothing on it changes; the other hosts go on.
 
     Dry run:
         the exact pip commands of each host are logged (``[host] wheels: ...`` lines) when the operation is
@@ -58,13 +54,8 @@ def packages(plan: WheelPlan | WheelPlanError, state_dir: str):
             state_dir="/var/lib/cdna2",
         )
     """
-    if isinstance(plan, WheelPlanError):
-        if first_pass():
-            host.log_styled(f"wheels: will fail: {plan}", fg="red", log_func=logger.warning)
-        yield fail_host_command(f"wheels: {plan}")
-        return
     if not isinstance(plan, WheelPlan):
-        raise OperationTypeError(f"`plan` must be a WheelPlan or WheelPlanError, not {type(plan).__name__}")
+        raise OperationTypeError(f"`plan` must be a WheelPlan, not {type(plan).__name__}")
 
     if not plan.actions:
         host.noop(f"wheels of {plan.python} already match {plan.matrix_path} (ROCm {plan.entry_version})")
