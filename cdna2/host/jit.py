@@ -15,12 +15,13 @@ Prints one JSON object on stdout; exit 0 when done, 1 on a refused pattern.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import socket
 import sys
 from pathlib import Path
+
+from cdna2.host.cli import finish
 
 LOCK_GLOB = "aiter/jit/build/lock_module_*"
 
@@ -102,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         result = invalidate(args.root, args.patterns)
     except ValueError as error:
         result = {"ok": False, "root": str(args.root), "error": str(error)}
-    print(json.dumps(result, sort_keys=True))
-    return 0 if result["ok"] else 1
+    return finish("jit", result, None if result["ok"] else result["error"])
 
 
 if __name__ == "__main__":

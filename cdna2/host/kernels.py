@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import errno
-import json
 import os
 import shutil
 import sys
@@ -23,6 +22,7 @@ import tarfile
 import time
 from pathlib import Path
 
+from cdna2.host.cli import finish
 from cdna2.host.probe import file_sha256, tree_digest
 from cdna2.host.state import host_lock, update_state
 
@@ -139,11 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = remove(args.hsa_root, args.state_dir)
     except (KernelInstallError, OSError, RuntimeError, tarfile.TarError) as error:
-        print(json.dumps({"result": "failed", "error": str(error)}))
-        print(f"kernels {args.command} failed: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, sort_keys=True))
-    return 0
+        return finish(f"kernels {args.command}", {"result": "failed", "error": str(error)}, str(error))
+    return finish(f"kernels {args.command}", result)
 
 
 if __name__ == "__main__":

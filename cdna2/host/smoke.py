@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import os
@@ -31,7 +32,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from cdna2.host import elf, importcheck, jit, probe, smoke_gpu, state
 from cdna2.host import manifest as kernel_manifest
@@ -188,11 +189,22 @@ def machine_of(path: Path) -> str:
     return elf.MACH_NAMES.get(mach, f"mach 0x{mach:02x}")
 
 
-def check_code_objects(view: HostView) -> dict:
-    name = "code_objects_gfx90a"
-    tree = view.gfx90a_tree
-    if tree is None or not tree.is_dir():
-        return result(name, STATIC, SKIPPED, "no hsa/gfx90a tree to read (reported by gfx90a_tree)")
+def reads_gfx90a_tree(name: str) -> Callable[[Callable[[str, Path], dict]], Callable[[HostView], dict]]:
+    """A check of the installed gfx90a tree, called with its name and the tree; skipped when there is no tree
+    (the gfx90a_tree check reports that)."""
+    def decorate(check: Callable[[str, Path], dict]) -> Callable[[HostView], dict]:
+        @functools.wraps(check)
+        def run(view: HostView) -> dict:
+            tree = view.gfx90a_tree
+            if tree is None or not tree.is_dir():
+                return result(name, STATIC, SKIPPED, "no hsa/gfx90a tree to read (reported by gfx90a_tree)")
+            return check(name, tree)
+        return run
+    return decorate
+
+
+@reads_gfx90a_tree("code_objects_gfx90a")
+def check_code_objects(name: str, tree: Path) -> dict:
     code_objects = sorted(tree.rglob("*.co"))
     if not code_objects:
         return result(name, STATIC, FAILED, f"{tree} holds no .co file: run the deploy to reinstall the kernels")
@@ -229,11 +241,8 @@ def dangling_manifest_rows(tree: Path, manifest: Path) -> tuple[int, list[str]]:
     return checked, dangling
 
 
-def check_manifests(view: HostView) -> dict:
-    name = "manifests_complete"
-    tree = view.gfx90a_tree
-    if tree is None or not tree.is_dir():
-        return result(name, STATIC, SKIPPED, "no hsa/gfx90a tree to read (reported by gfx90a_tree)")
+@reads_gfx90a_tree("manifests_complete")
+def check_manifests(name: str, tree: Path) -> dict:
     manifests = sorted(tree.rglob("*.csv"))
     checked, dangling = 0, []
     for manifest in manifests:

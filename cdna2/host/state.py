@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from cdna2.host.cli import finish
+
 STATE_FORMAT = 1
 RUN_ENVIRONMENT = "CDNA2_RUN"  # who runs this command: the controller's run description (operations/agent.py)
 LEASE = "lease.json"
@@ -190,11 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                 update_state(args.state_dir, args.key, None if args.action == "clear" else json.loads(args.value))
                 result = {"result": "cleared" if args.action == "clear" else "recorded", "key": args.key}
     except HostLockedError as error:
-        print(json.dumps({"result": "refused", "error": str(error)}, sort_keys=True))
-        print(f"state {args.action} refused: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, sort_keys=True))
-    return 0
+        return finish(f"state {args.action}", {"result": "refused", "error": str(error)}, str(error))
+    return finish(f"state {args.action}", result)
 
 
 if __name__ == "__main__":

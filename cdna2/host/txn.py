@@ -22,6 +22,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from cdna2.host.cli import finish
 from cdna2.host.probe import file_sha256
 from cdna2.host.state import fsync_directory, write_file_atomically
 
@@ -233,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             result = recover(args.backup_dir)
     except TxnError as error:
         result = {"ok": False, "action": args.command, "error": str(error), "file": error.path}
-    print(json.dumps(result, sort_keys=True))
-    return 0 if result["ok"] else 1
+    return finish(f"txn {args.command}", result, None if result["ok"] else result["error"])
 
 
 if __name__ == "__main__":

@@ -118,7 +118,11 @@ def test_cli_prints_one_json_object_and_exit_codes(tmp_path):
     assert applied.returncode == 0 and json.loads(applied.stdout)["ok"] is True
     again = subprocess.run(command + ["apply", str(tmp_path / "manifest.json")], capture_output=True, text=True,
                            cwd=HOST_DIR.parent.parent)
-    assert again.returncode == 1 and json.loads(again.stdout)["file"] == "pkg/file0.py"
+    refusal = json.loads(again.stdout)
+    assert again.returncode == 1 and refusal["file"] == "pkg/file0.py"
+    # pyinfra and the deploy report show a failed command's stderr: the reason must be there, not only in the JSON.
+    assert again.stderr == f"txn apply failed: {refusal['error']}\n" and "pkg/file0.py" in again.stderr
+    assert applied.stderr == ""
 
 
 def test_jit_removes_patterns_and_only_stale_locks(tmp_path):
