@@ -49,10 +49,11 @@ env_error = target_env_error(probe)
 # failed before anything on it changes.
 wheel_plan = wheel_plan_for(probe) if data.install_wheels and not env_error else None
 actions = getattr(wheel_plan, "actions", ())
-aiter_reinstalled = any(action.package == "amd-aiter" for action in actions)
+# Packages this run's wheels step replaces are patched (and AITER translated) from what the probe saw before: next run.
+reinstalled = sorted({action.package for action in actions} & set(catalog.packages()))
 requirements = [action.requirement for action in actions]
 kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
-tree = translated_tree_for(host, probe) if kernels == PROCEED and not aiter_reinstalled else None
+tree = translated_tree_for(host, probe) if kernels == PROCEED and "amd-aiter" not in reinstalled else None
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
@@ -90,8 +91,8 @@ else:
             wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan,
                            state_dir=data.state_dir)
 
-    # The probe describes the AITER found before this run; a reinstalled one is translated and patched next run.
-    stale = "amd-aiter is (re)installed by this run: run the deploy again to translate and patch it"
+    # The probe describes the packages found before this run; one the wheels step replaces is handled next run.
+    stale = f"{', '.join(reinstalled)} (re)installed by this run: run the deploy again to translate and patch"
 
     # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
     if tree is not None:
@@ -117,7 +118,7 @@ else:
         if found is None:
             continue
         step = f"patches {package}"
-        if skip_patches or (package == "amd-aiter" and aiter_reinstalled):
+        if skip_patches or package in reinstalled:
             report.step(host.name, step, SKIPPED, skip_patches or stale)
             continue
         files, record = probe_files(probe, package)
@@ -135,7 +136,7 @@ else:
     deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets)
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
-    elif skip_patches or aiter_reinstalled:
+    elif skip_patches or reinstalled:
         report.step(host.name, "smoke", SKIPPED, skip_patches or stale)
     elif not state.ops[host] and (proof := recorded_proof(deployed, probe["state"])):
         # No operation changes the host this run: the pass recorded for this very state still proves it.
@@ -146,7 +147,7 @@ else:
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
                      target_python=data.target_python, state_dir=data.state_dir)
 
-    # 8. Record what the host now holds, for verify.py and rollback.py (not when this run's AITER is stale).
-    if not aiter_reinstalled and record_needed("deployed", deployed, probe["state"]):
+    # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
+    if not reinstalled and record_needed("deployed", deployed, probe["state"]):
         recorded(name="state: the deployed state is recorded", key="deployed", value=deployed,
                  current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)

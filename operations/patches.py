@@ -25,15 +25,8 @@ def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dic
 
 def change_manifest(plan: PackagePlan, site_packages: str, state_dir: str) -> dict:
     """The transaction cdna2.host.txn runs: each staged file sits beside its target (same filesystem)."""
-    return {
-        "root": site_packages,
-        "package": plan.package,
-        "backup_dir": f"{state_dir}/backups/{plan.package}",
-        "changes": [{"path": change.path, "expected_sha256": change.old_sha256,
-                     "staged": f"{site_packages}/{change.path}.cdna2-staged", "new_sha256": change.new_sha256}
-                    for change in plan.changes],
-        "jit_invalidations": plan.jit_invalidations,
-    }
+    return plan.transaction(site_packages, f"{state_dir}/backups/{plan.package}",
+                            {change.path: f"{site_packages}/{change.path}.cdna2-staged" for change in plan.changes})
 
 
 @operation()

@@ -165,13 +165,14 @@ def canonical_name(name: str) -> str:
 METADATA_DIRS = {".dist-info": "METADATA", ".egg-info": "PKG-INFO"}
 
 
-def find_metadata_dirs(wanted: Collection[str]) -> dict[str, Path]:
-    """The first metadata directory on ``sys.path`` of each wanted (canonical) name, as importlib.metadata finds it.
+def find_metadata_dirs(wanted: Collection[str], search_path: Collection[str] | None = None) -> dict[str, Path]:
+    """The first metadata directory on ``sys.path`` (or ``search_path``) of each wanted (canonical) name, as
+    importlib.metadata finds it.
 
     Read by hand rather than through importlib.metadata, whose imports alone cost more than the rest of the probe.
     """
     found: dict[str, Path] = {}
-    for entry in sys.path:
+    for entry in sys.path if search_path is None else search_path:
         try:
             names = sorted(os.listdir(entry or "."))
         except OSError:
@@ -198,6 +199,15 @@ def read_core_metadata(metadata_dir: Path) -> dict[str, str]:
         if sep and not line[0].isspace():
             fields.setdefault(key.strip(), value.strip())
     return fields
+
+
+def installed_version(site_packages: Path, name: str) -> str | None:
+    """The version of distribution ``name`` installed in ``site_packages``; None when it is not there or unreadable."""
+    metadata_dir = find_metadata_dirs({canonical_name(name)}, [str(site_packages)]).get(canonical_name(name))
+    try:
+        return read_core_metadata(metadata_dir).get("Version") if metadata_dir else None
+    except OSError:
+        return None
 
 
 def read_distributions(errors: list[str]) -> dict:
@@ -434,6 +444,7 @@ def read_backups(state_dir: str, errors: list[str]) -> dict:
             errors.append(f"{record}: unreadable patch record: {error}")
             continue
         backups[state["package"]] = {"backup_dir": str(record.parent), "root": state["root"],
+                                     "version": state.get("version"),
                                      "files": state["files"], "jit_invalidations": state["jit_invalidations"],
                                      "journal": (record.parent / "journal.json").exists()}
     return backups

@@ -5,8 +5,10 @@ first (pristine) original of each file in the backup directory, journals the ren
 into place. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
 finishes an interrupted transaction from its journal, so a package is never left half-patched.
 
-Backup directory layout: ``state.json`` (package, root, per file the original and patched sha256, the JIT outputs
-to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in flight), ``lock``.
+Backup directory layout: ``state.json`` (package, its version, root, per file the original and patched sha256, the
+JIT outputs to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
+flight), ``lock``. Backups belong to one installed version: when the package has been reinstalled at another version
+since, ``apply`` starts new ones and ``revert`` finds nothing of ours left to restore; both drop the old backups.
 
 Prints one JSON object on stdout; exit 0 when done, 1 when refused or failed (nothing changed unless it says so).
 """
@@ -23,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cdna2.host.cli import finish
-from cdna2.host.probe import file_sha256
+from cdna2.host.probe import file_sha256, installed_version
 from cdna2.host.state import fsync_directory, write_file_atomically
 
 STATE = "state.json"
@@ -116,14 +118,27 @@ def recover(backup_dir: Path) -> dict:
             "files": [entry["path"] for entry in journal["entries"]]}
 
 
-def _load_state(backup_dir: Path, root: Path, package: str) -> dict:
+def _drop_backups(backup_dir: Path) -> None:
+    shutil.rmtree(backup_dir / ORIGINALS, ignore_errors=True)
+    (backup_dir / STATE).unlink(missing_ok=True)
+    fsync_directory(backup_dir)
+
+
+def _load_state(backup_dir: Path, root: Path, package: str, version: str | None) -> tuple[dict, str | None]:
+    """The backup record to apply on, and the version whose backups were dropped to start it (else None)."""
+    fresh = {"package": package, "version": version, "root": str(root), "files": {}, "jit_invalidations": []}
     state = _read_json(backup_dir / STATE)
     if state is None:
-        return {"package": package, "root": str(root), "files": {}, "jit_invalidations": []}
+        return fresh, None
     if state["package"] != package or Path(state["root"]) != root:
         raise TxnError(f"{backup_dir} holds backups of {state['package']} under {state['root']}, not {package} under "
                        f"{root}; use one backup directory per package and root")
-    return state
+    if version is not None and state.get("version") not in (None, version):
+        # Reinstalled at another version since it was patched: pip replaced the patched files, so the originals
+        # kept belong to an installation that is gone, and restoring them would mix two versions.
+        _drop_backups(backup_dir)
+        return fresh, state["version"]
+    return state, None
 
 
 def _verify_manifest(root: Path, changes: list[dict]) -> None:
@@ -160,7 +175,7 @@ def apply(manifest: dict) -> dict:
     root, backup_dir = Path(manifest["root"]), Path(manifest["backup_dir"])
     with _locked(backup_dir):
         recover(backup_dir)
-        state = _load_state(backup_dir, root, manifest["package"])
+        state, dropped_version = _load_state(backup_dir, root, manifest["package"], manifest.get("version"))
         changes = manifest["changes"]
         _verify_manifest(root, changes)
         _back_up_originals(backup_dir, root, state, changes)
@@ -172,7 +187,8 @@ def apply(manifest: dict) -> dict:
                              "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
                                           "new_sha256": c["new_sha256"]} for c in changes]})
     return {"ok": True, "action": "apply", "package": manifest["package"],
-            "changed": [change["path"] for change in changes], "backup_dir": str(backup_dir)}
+            "changed": [change["path"] for change in changes], "backup_dir": str(backup_dir),
+            "dropped_backups_of_version": dropped_version}
 
 
 def revert(backup_dir: Path, root: Path) -> dict:
@@ -188,6 +204,14 @@ def revert(backup_dir: Path, root: Path) -> dict:
                     "note": f"{backup_dir} holds no backups: nothing was patched through it"}
         if Path(state["root"]) != root:
             raise TxnError(f"{backup_dir} holds backups for {state['root']}, not {root}")
+        installed = installed_version(root, state["package"])
+        if state.get("version") is not None and installed != state["version"]:
+            _drop_backups(backup_dir)
+            return {"ok": True, "action": "revert", "package": state["package"], "changed": [],
+                    "jit_invalidations": state["jit_invalidations"],
+                    "note": f"{state['package']} {state['version']} was patched, but {installed or 'no version'} is "
+                            f"installed now: its reinstall replaced the patched files, so nothing is left to restore; "
+                            f"the backups of {state['version']} were dropped"}
         entries = []
         for path, hashes in sorted(state["files"].items()):
             target = _inside(root, path)

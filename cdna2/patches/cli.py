@@ -72,26 +72,22 @@ def _state_dir(args: argparse.Namespace, package: str) -> Path:
     return (args.state_dir or args.site_packages / STATE_DIR_NAME) / package
 
 
-def _stage(root: Path, plan: PackagePlan) -> list[dict]:
-    """Write each new content next to its target (same filesystem, so the rename is atomic)."""
-    changes = []
+def _stage(root: Path, plan: PackagePlan) -> dict[str, str]:
+    """Write each new content next to its target (same filesystem, so the rename is atomic); path -> staged copy."""
+    staged = {}
     for change in plan.changes:
         target = root / change.path
-        staged = target.with_name(f".{target.name}.cdna2-staged")
-        with open(staged, "wb") as handle:
+        staged[change.path] = str(target.with_name(f".{target.name}.cdna2-staged"))
+        with open(staged[change.path], "wb") as handle:
             handle.write(change.new_bytes)
             handle.flush()
             os.fsync(handle.fileno())
-        changes.append({"path": change.path, "expected_sha256": change.old_sha256, "staged": str(staged),
-                        "new_sha256": change.new_sha256})
-    return changes
+    return staged
 
 
 def apply_in_place(root: Path, plan: PackagePlan, backup_dir: Path) -> dict:
     """Apply a plan to the site-packages at ``root`` on this machine: stage, transaction, JIT cleanup."""
-    manifest = {"root": str(root), "package": plan.package, "backup_dir": str(backup_dir),
-                "changes": _stage(root, plan), "jit_invalidations": plan.jit_invalidations}
-    result = txn.apply(manifest)
+    result = txn.apply(plan.transaction(str(root), str(backup_dir), _stage(root, plan)))
     result["jit"] = jit.invalidate(root, plan.jit_invalidations)
     return result
 

@@ -71,6 +71,17 @@ class PackagePlan:
     jit_invalidations: list[str] = field(default_factory=list)
     sites: list[SiteState] = field(default_factory=list)
 
+    def transaction(self, root: str, backup_dir: str, staged: Mapping[str, str]) -> dict:
+        """The change manifest ``cdna2.host.txn apply`` runs; ``staged``: where each changed path's new bytes wait.
+
+        It names the package version the plan was made for, so the host can tell backups of an earlier
+        installation (reinstalled or upgraded since it was patched) from this one's.
+        """
+        return {"root": root, "package": self.package, "version": self.installed_version, "backup_dir": backup_dir,
+                "changes": [{"path": change.path, "expected_sha256": change.old_sha256, "staged": staged[change.path],
+                             "new_sha256": change.new_sha256} for change in self.changes],
+                "jit_invalidations": self.jit_invalidations}
+
     def to_json(self) -> dict:
         return {"package": self.package, "installed_version": self.installed_version, "status": self.status,
                 "sets": self.sets, "variants": self.variants, "reasons": self.reasons,

@@ -146,3 +146,56 @@ def test_jit_removes_patterns_and_only_stale_locks(tmp_path):
 def test_jit_refuses_patterns_leaving_the_root(tmp_path):
     with pytest.raises(ValueError, match="relative to the site-packages root"):
         jit.invalidate(tmp_path, ["../etc/passwd"])
+
+
+def install(root: Path, version: str, files: dict[str, str]) -> None:
+    """What pip leaves: the package's files and its dist-info (another version's dist-info removed)."""
+    for old in root.glob("pkg-*.dist-info"):
+        (old / "METADATA").unlink()
+        old.rmdir()
+    (root / f"pkg-{version}.dist-info").mkdir(parents=True)
+    (root / f"pkg-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: pkg\nVersion: {version}\n")
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+
+
+def patch_manifest(root: Path, backup: Path, version: str, edits: dict[str, tuple[str, str]]) -> dict:
+    changes = []
+    for path, (old, new) in edits.items():
+        staged = (root / path).with_name(f".{Path(path).name}.staged")
+        staged.write_text(new)
+        changes.append({"path": path, "expected_sha256": sha(old.encode()), "staged": str(staged),
+                        "new_sha256": sha(new.encode())})
+    return {"root": str(root), "package": "pkg", "version": version, "backup_dir": str(backup), "changes": changes,
+            "jit_invalidations": []}
+
+
+def test_backups_follow_the_installed_version_across_an_upgrade(tmp_path):
+    """Patched at 1.0, upgraded to 2.0 by pip, patched again: a rollback must give back 2.0's files, not 1.0's."""
+    root, backup = tmp_path / "site", tmp_path / "backup"
+    install(root, "1.0", {"pkg/a.py": "a 1.0\n", "pkg/b.py": "b 1.0\n"})
+    txn.apply(patch_manifest(root, backup, "1.0", {"pkg/a.py": ("a 1.0\n", "a 1.0 patched\n"),
+                                                   "pkg/b.py": ("b 1.0\n", "b 1.0 patched\n")}))
+    install(root, "2.0", {"pkg/a.py": "a 2.0\n", "pkg/b.py": "b 2.0\n"})  # 2.0's patch set touches a.py only
+    applied = txn.apply(patch_manifest(root, backup, "2.0", {"pkg/a.py": ("a 2.0\n", "a 2.0 patched\n")}))
+    assert applied["dropped_backups_of_version"] == "1.0"
+    state = json.loads((backup / "state.json").read_text())
+    assert state["version"] == "2.0" and sorted(state["files"]) == ["pkg/a.py"]
+    assert txn.revert(backup, root)["changed"] == ["pkg/a.py"]
+    assert [(root / p).read_text() for p in ("pkg/a.py", "pkg/b.py")] == ["a 2.0\n", "b 2.0\n"]
+
+
+def test_revert_after_a_reinstall_at_another_version_drops_the_backups_and_touches_nothing(tmp_path):
+    root, backup = tmp_path / "site", tmp_path / "backup"
+    install(root, "1.0", {"pkg/a.py": "a 1.0\n"})
+    txn.apply(patch_manifest(root, backup, "1.0", {"pkg/a.py": ("a 1.0\n", "a 1.0 patched\n")}))
+    install(root, "2.0", {"pkg/a.py": "a 2.0\n"})
+    reverted = txn.revert(backup, root)
+    assert reverted["changed"] == [] and "1.0 was patched, but 2.0 is installed now" in reverted["note"]
+    assert (root / "pkg/a.py").read_text() == "a 2.0\n"
+    assert not (backup / "state.json").exists() and not (backup / "originals").exists()
+    # Same version reinstalled (pip --force-reinstall): the backups still hold that version's originals.
+    txn.apply(patch_manifest(root, backup, "2.0", {"pkg/a.py": ("a 2.0\n", "a 2.0 patched\n")}))
+    install(root, "2.0", {"pkg/a.py": "a 2.0\n"})
+    assert txn.revert(backup, root)["changed"] == [] and (root / "pkg/a.py").read_text() == "a 2.0\n"
