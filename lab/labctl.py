@@ -35,8 +35,9 @@ HOST_BINDS = {"/opt/rocm": "rocm", "/opt/venv": "venv", "/var/lib/cdna2": "state
 # root's bash, which reads ~/.bashrc when started by sshd: this machine's (a developer's: pyenv and cargo set-up,
 # ~0.15 CPU-s per command) would run on every simulated host. Each host gets Debian's stock root one instead.
 HOST_FILE_BINDS = {"/root/.bashrc": "root.bashrc"}
-HOST_BASHRC = """# ~/.bashrc of a simulated lab host (written by lab/labctl.py): like Debian's stock root .bashrc, it sets
-# nothing for the non-interactive shells sshd starts. This machine's own /root/.bashrc is not read on lab hosts.
+HOST_BASHRC = """# ~/.bashrc of a simulated lab host (written by lab/labctl.py): like Debian's stock root
+# .bashrc, it sets nothing for the non-interactive shells sshd starts. This machine's own
+# /root/.bashrc is not read on lab hosts.
 """
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0

@@ -87,6 +87,7 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     if bad:
         yield fail_host_command("smoke: " + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
         return
-    passed = {"proves": proof_key(deployed), "summary": summary, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    passed = {"proves": proof_key(deployed), "summary": summary,
+              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
                         json.dumps(passed, sort_keys=True))

@@ -154,7 +154,8 @@ def install(root: Path, version: str, files: dict[str, str]) -> None:
         (old / "METADATA").unlink()
         old.rmdir()
     (root / f"pkg-{version}.dist-info").mkdir(parents=True)
-    (root / f"pkg-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: pkg\nVersion: {version}\n")
+    metadata = f"Metadata-Version: 2.1\nName: pkg\nVersion: {version}\n"
+    (root / f"pkg-{version}.dist-info" / "METADATA").write_text(metadata)
     for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
