@@ -7,14 +7,13 @@ transaction (``cdna2.host.txn``) plus JIT invalidation (``cdna2.host.jit``) run 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 from cdna2.host import jit, txn
+from cdna2.host.probe import canonical_name, read_core_metadata, record_entries
 from cdna2.patches.catalog import Catalog, PatchDataError, load_catalog
 from cdna2.patches.planner import PackagePlan, plan_package
 
@@ -23,9 +22,9 @@ STATE_DIR_NAME = ".cdna2-patch-state"
 
 def _dist_info(site_packages: Path, package: str) -> Path | None:
     """The dist-info directory of ``package`` (names normalised as in PEP 503/427), or None if not installed."""
-    wanted = re.sub(r"[-_.]+", "_", package).lower()
+    wanted = canonical_name(package)
     found = [path for path in site_packages.glob("*.dist-info")
-             if re.sub(r"[-_.]+", "_", path.name.split("-", 1)[0]).lower() == wanted]
+             if canonical_name(path.name.split("-", 1)[0]) == wanted]
     if len(found) > 1:
         raise SystemExit(f"{site_packages}: several dist-info directories for {package}: "
                          f"{', '.join(p.name for p in found)}; remove the stale ones")
@@ -33,15 +32,15 @@ def _dist_info(site_packages: Path, package: str) -> Path | None:
 
 
 def _installed_version(dist_info: Path) -> str:
-    for line in (dist_info / "METADATA").read_text(encoding="utf-8", errors="replace").splitlines():
-        if line.startswith("Version:"):
-            return line.split(":", 1)[1].strip()
-    raise SystemExit(f"{dist_info}/METADATA: no Version: line; the installation is damaged, reinstall it")
+    version = read_core_metadata(dist_info).get("Version")
+    if not version:
+        raise SystemExit(f"{dist_info}/METADATA: no Version: line; the installation is damaged, reinstall it")
+    return version
 
 
 def _record(dist_info: Path) -> dict[str, str]:
-    rows = csv.reader((dist_info / "RECORD").read_text(encoding="utf-8").splitlines())
-    return {row[0]: row[1] for row in rows if len(row) >= 2 and row[1]}
+    rows = record_entries((dist_info / "RECORD").read_text(encoding="utf-8"))
+    return {path: hash_field for path, hash_field, _ in rows if hash_field}
 
 
 def probe(site_packages: Path, catalog: Catalog, package: str) -> tuple[str, dict, dict] | None:
