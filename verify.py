@@ -28,7 +28,7 @@ catalog, _ = load_data_files(data)
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()},
-                      record_check=[package for package in catalog.packages()])
+                      record_check=catalog.packages())
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})

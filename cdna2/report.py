@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from cdna2.host.state import write_file_atomically
+from cdna2.plan import RECORDED_PACKAGES, installed_versions
+
 REPORT_FORMAT = 1
-PACKAGES = ("amd-aiter", "torch", "triton", "vllm")
 
 # Step statuses, in the order a reader cares about them.
 FAILED, CHANGED, PLANNED, UNCHANGED, SKIPPED = "failed", "changed", "planned", "unchanged", "skipped"
@@ -70,13 +71,13 @@ def summarise_probe(row: HostRow, probe: dict[str, Any]) -> None:
     row.gpus = [f"{agent['marketing_name'] or agent['arch']} ({agent['compute_units']} CU, {agent['chip_id']})"
                 for agent in probe["gpu"]["agents"]]
     row.python = f"{probe['python']['path']} ({probe['python']['version']})"
-    row.packages = {name: (probe["distributions"].get(name) or {}).get("version") for name in PACKAGES}
+    row.packages = installed_versions(probe)
     # Without its target environment a host cannot be provisioned; other probe remarks are worth reading only.
     (row.notes if probe["python"]["is_target"] else row.errors).extend(f"probe: {e}" for e in probe["errors"])
 
 
 class RunReport:
-    """Rows of one run, keyed by inventory name, in the order hosts were first seen."""
+    """Rows of one run, keyed by inventory name; written sorted by name."""
 
     def __init__(self, mode: str, inventory: str, started: datetime | None = None):
         self.mode = mode
@@ -109,7 +110,7 @@ class RunReport:
     def to_markdown(self) -> str:
         step_names = sorted({step for row in self.rows.values() for step in row.steps},
                             key=lambda name: STEP_ORDER.index(name) if name in STEP_ORDER else len(STEP_ORDER))
-        header = ["host", "status", "ROCm", "arch", *PACKAGES, *step_names, "changes this run"]
+        header = ["host", "status", "ROCm", "arch", *RECORDED_PACKAGES, *step_names, "changes this run"]
         lines = [
             f"# {self.mode} report{'' if self.executed else ' (dry run: nothing executed)'}: {self.inventory}, "
             f"{self.started.isoformat(timespec='seconds')}",
@@ -124,7 +125,7 @@ class RunReport:
             shared = {detail for detail in details if details.count(detail) > 1}
             notes[row.host].extend(sorted(shared))
             cells = [row.host, row.status, row.rocm or "?", row.arch or "?",
-                     *(row.packages.get(name) or "-" for name in PACKAGES),
+                     *(row.packages.get(name) or "-" for name in RECORDED_PACKAGES),
                      *((f"{row.steps[name].status} (see notes)" if row.steps[name].detail in shared
                         else row.steps[name].cell()) if name in row.steps else "-" for name in step_names),
                      ", ".join(row.changes) or "none"]
@@ -143,7 +144,7 @@ class RunReport:
         markdown = self.to_markdown()
         for name, text in ((f"{stem}.json", json_text), (f"{stem}.md", markdown),
                            ("latest.json", json_text), ("latest.md", markdown)):
-            write_atomically(directory / name, text)
+            write_file_atomically(directory / name, text.encode("utf-8"))
         return directory / f"{stem}.json", directory / f"{stem}.md"
 
 
@@ -155,13 +156,3 @@ STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "pa
 def _escape(cell: str) -> str:
     return str(cell).replace("|", "\\|").replace("\n", " ")
 
-
-def write_atomically(path: Path, text: str) -> None:
-    descriptor, staging = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(descriptor, "w") as stream:
-            stream.write(text)
-        os.replace(staging, path)
-    except BaseException:
-        os.unlink(staging)
-        raise

@@ -14,20 +14,20 @@ import json
 import shutil
 import subprocess
 import sys
-import tarfile
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-import jsonschema
 import yaml
 
 from cdna2.archive import tree_archive
-from cdna2.host.probe import tree_digest
-from cdna2.kernels import TRANSLATOR_VERSION, find_llvm
-from cdna2.report import write_atomically
+from cdna2.host.kernels import safe_extract
+from cdna2.host.probe import file_sha256, tree_digest
+from cdna2.kernels import cache_key, find_llvm
+from cdna2.host.state import write_file_atomically
+from cdna2.schema import first_violation
 
 ADAPTATIONS_FILE = "gfx90a-tree.yaml"
 
@@ -54,10 +54,9 @@ def load_adaptations() -> list[dict]:
     source = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE)
     document = yaml.safe_load(source.read_text())
     schema = json.loads(resources.files("cdna2").joinpath("schemas", "gfx90a-tree-1.0.json").read_text())
-    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document), key=lambda e: list(e.path))
-    if errors:
-        where = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in errors[0].absolute_path)
-        raise KernelSourceError(f"{source}: {where}: {errors[0].message}")
+    violation = first_violation(document, schema)
+    if violation:
+        raise KernelSourceError(f"{source}: {violation}")
     return document["adaptations"]
 
 
@@ -95,8 +94,7 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
     try:
         archive = staging / "gfx942.tar.gz"
         fetch(archive)
-        with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
+        safe_extract(archive, staging)  # files and directories only: the archive comes from a host
         archive.unlink()
         found = tree_digest(staging / "gfx942")
         if found != digest:
@@ -111,9 +109,9 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
 
 
 def _memo_key(source_digest: str) -> str:
-    """What the translated tree depends on: the source, the translator, the LLVM that proved it, the adaptations."""
+    """What the translated tree depends on: what the engine's translation does, and the adaptations."""
     adaptations = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE).read_bytes()
-    parts = (source_digest, TRANSLATOR_VERSION, find_llvm().banner, hashlib.sha256(adaptations).hexdigest())
+    parts = (cache_key(source_digest, find_llvm()), hashlib.sha256(adaptations).hexdigest())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -148,12 +146,12 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
         tree_archive(out_dir / "gfx90a", archive)
     tree = TranslatedTree(
         source_digest=source_digest, digest=digest, archive=archive,
-        archive_sha256=hashlib.sha256(archive.read_bytes()).hexdigest(),
+        archive_sha256=file_sha256(archive),
         kernels=sum(1 for _ in (out_dir / "gfx90a").rglob("*.co")),
         tree_bytes=sum(path.stat().st_size for path in (out_dir / "gfx90a").rglob("*") if path.is_file()),
         adaptations=tuple(a["id"] for a in applied),
         invalidates=tuple(sorted({pattern for a in applied for pattern in a["invalidates"]})),
     )
-    write_atomically(memo_path, json.dumps(dict(asdict(tree), key=key, archive=str(archive)), indent=1,
-                                           sort_keys=True))
+    memo = dict(asdict(tree), key=key, archive=str(archive))
+    write_file_atomically(memo_path, json.dumps(memo, indent=1, sort_keys=True).encode("utf-8"))
     return tree

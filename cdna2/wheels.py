@@ -20,10 +20,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
 import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+
+from cdna2.schema import first_violation
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_MATRIX_PATH = PACKAGE_DIR / "data" / "wheel-matrix.yaml"
@@ -126,10 +127,6 @@ class WheelPlan:
 
 # --- the matrix -----------------------------------------------------------------------------------------------
 
-def _json_path(path_parts) -> str:
-    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path_parts)
-
-
 def _package(raw: dict, name: str) -> PackageSpec:
     return PackageSpec(name=name, version=raw["version"], index_url=raw["index_url"], wheel=raw.get("wheel"),
                        no_deps=raw.get("no_deps", False))
@@ -154,12 +151,9 @@ def load_matrix(path: Path | str | None = None) -> Matrix:
         raise MatrixError(f"{source}: cannot read the wheel matrix: {error.strerror}") from error
     except yaml.YAMLError as error:
         raise MatrixError(f"{source}: not valid YAML: {error}") from error
-    validator = jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
-    errors = sorted(validator.iter_errors(document), key=lambda error: list(error.absolute_path))
-    if errors:
-        first = errors[0]
-        raise MatrixError(f"{source}: {_json_path(first.absolute_path)}: {first.message} "
-                          f"(schema {SCHEMA_PATH.name})")
+    violation = first_violation(document, json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
+    if violation:
+        raise MatrixError(f"{source}: {violation} (schema {SCHEMA_PATH.name})")
     entries = tuple(_entry(raw, position) for position, raw in enumerate(document["rocm"]))
     seen: dict[str, str] = {}
     for entry in entries:
@@ -337,7 +331,7 @@ def triton_restore_action(matrix: Matrix, probe: Mapping, version: str, *, index
                           find_links: str | None = None) -> PipAction:
     """The pip action that puts ``triton==version`` back (rollback), from the host's matrix entry or its mirror."""
     entry = _entry_for_host(matrix, probe)
-    triton = next(spec for spec in entry.packages if spec.name == "triton")
+    triton = entry.package("triton")
     spec = PackageSpec(name="triton", version=version, index_url=triton.index_url, no_deps=True)
     mirror = _mirror_sources(index_url, find_links)
     argv, requirement = _pip_argv(_target_python(probe), spec, mirror)
@@ -357,11 +351,8 @@ def _plan_command(args: argparse.Namespace) -> int:
     probe = json.loads(Path(args.probe).read_text(encoding="utf-8"))
     try:
         matrix = load_matrix(args.matrix)
-        plan = plan_wheels(matrix, probe, pins={"torch_version": args.torch_version,
-                                                "aiter_version": args.aiter_version,
-                                                "vllm_version": args.vllm_version,
-                                                "triton_version": args.triton_version},
-                           index_url=args.index_url, find_links=args.find_links, install_vllm=args.install_vllm)
+        plan = plan_wheels(matrix, probe, pins=pins_from_host_data(vars(args)), index_url=args.index_url,
+                           find_links=args.find_links, install_vllm=args.install_vllm)
     except (MatrixError, WheelPlanError) as error:
         if args.json:
             print(json.dumps({"error": str(error)}, indent=2))

@@ -8,7 +8,6 @@ state lives in ``<repo>/.lab/`` (or ``$CDNA2_LAB_DIR``); ``lab.json`` there is t
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from cdna2.host.state import write_file_atomically
 from lab import kinds, mirror, venvs, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,10 +117,7 @@ class LabPaths:
 
 
 def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
-    staging = path.with_name(f".{path.name}.staging")
-    staging.write_text(text)
-    staging.chmod(mode)
-    staging.replace(path)
+    write_file_atomically(path, text.encode("utf-8"), mode)
 
 
 def load_lab(paths: LabPaths) -> dict | None:
@@ -140,11 +137,7 @@ def save_lab(paths: LabPaths, lab: dict) -> None:
 @contextmanager
 def lab_locked(paths: LabPaths) -> Iterator[None]:
     """Serialise up/down on one lab; the lock lives outside the lab directory because `down` removes that."""
-    lock_dir = wheelhouse.cache_root() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(str(paths.root).encode()).hexdigest()[:12]
-    with open(lock_dir / f"lab-{digest}.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
+    with wheelhouse.cache_lock(f"lab-{hashlib.sha256(str(paths.root).encode()).hexdigest()[:12]}"):
         yield
 
 

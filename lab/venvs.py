@@ -10,6 +10,7 @@ rename, and the cdna2 tool stages and renames. A change made on one host therefo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -27,6 +28,7 @@ HOST_PYTHON = "/usr/bin/python3"
 Progress = Callable[[str], None]
 
 
+@functools.cache
 def _host_python_version() -> str:
     result = subprocess.run([HOST_PYTHON, "-c", "import sys; print(sys.version.split()[0])"],
                             capture_output=True, text=True, check=True)

@@ -20,7 +20,6 @@ from cdna2.cache import cache_root
 AITER = "amd-aiter==0.1.7.post2.dev18"
 TRITON_BROKEN = "triton==3.7.0"
 TRITON_PINNED = "triton==3.7.1"
-VLLM_VERSIONS = ("0.23.0", "0.26.0", "0.33.0")
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
+from cdna2.agent import agent_dir
 from cdna2.report import FAILED, RunReport
 from cdna2.rollback import RollbackPlan
 from cdna2.wheels import PipAction
@@ -88,7 +89,7 @@ def stock_files_verified(report: RunReport, packages: list[str], target_python: 
         host.noop("RECORD check runs after the rollback")
         return
     probe = host.get_fact(HostProbe, target_python=target_python, rocm_root=rocm_root, state_dir=state_dir,
-                          agent_dir=f"{state_dir}/agent", record_check=packages)
+                          agent_dir=agent_dir(state_dir), record_check=packages)
     lines, bad = [], []
     for package, result in sorted(probe["record_check"].items()):
         differing = result["mismatched"] + result["missing"]

@@ -39,7 +39,12 @@ class CodeObject:
 
     @property
     def mach_name(self) -> str:
-        return MACH_NAMES.get(self.mach, f"mach {self.mach:#x}")
+        return mach_name(self.mach)
+
+
+def mach_name(mach: int) -> str:
+    """``gfx90a``, ``gfx942``, or ``mach 0x..`` for another AMDGPU machine."""
+    return MACH_NAMES.get(mach, f"mach 0x{mach:02x}")
 
 
 def read_code_object(data: bytes) -> CodeObject:
@@ -85,17 +90,15 @@ def text_of(data: bytes, code_object: CodeObject) -> bytes:
     return data[code_object.text_offset:code_object.text_offset + code_object.text_size]
 
 
-def retarget_to_gfx90a(data: bytearray, code_object: CodeObject) -> int:
-    """Set the ELF machine to gfx90a (feature bits kept) and rename the metadata target; returns targets renamed.
+def retarget_to_gfx90a(data: bytearray, code_object: CodeObject) -> None:
+    """Set the ELF machine to gfx90a (feature bits kept) and rename the metadata target.
 
     The target string is replaced outside .text only, so no instruction byte can be touched by it.
     """
     struct.pack_into("<I", data, E_FLAGS_OFFSET, (code_object.e_flags & ~MACH_MASK) | MACH_GFX90A)
     text_start, text_end = code_object.text_offset, code_object.text_offset + code_object.text_size
-    renamed, start = 0, 0
+    start = 0
     while (found := data.find(TARGET_GFX942, start)) >= 0:
         if not text_start <= found < text_end:
             data[found:found + len(TARGET_GFX942)] = TARGET_GFX90A
-            renamed += 1
         start = found + 1
-    return renamed

@@ -102,6 +102,24 @@ class Transaction:
     def root(self) -> Path:
         return Path(self.record["root"])
 
+    @functools.cached_property
+    def file_states(self) -> dict[str, str]:
+        """Per file of the transaction: ``patched`` or what it is instead (each file hashed once per smoke test)."""
+        states = {}
+        for relative, hashes in sorted(self.record["files"].items()):
+            current = probe.file_sha256(self.root / relative)
+            if hashes["patched_sha256"] is None:
+                states[relative] = "its patch never finished"
+            elif current == hashes["patched_sha256"]:
+                states[relative] = "patched"
+            elif current is None:
+                states[relative] = "missing"
+            elif current == hashes["original_sha256"]:
+                states[relative] = "back to the original (patch lost)"
+            else:
+                states[relative] = "edited after patching"
+        return states
+
 
 @dataclass
 class HostView:
@@ -186,7 +204,7 @@ def machine_of(path: Path) -> str:
     if header[:4] != b"\x7fELF" or len(header) < elf.E_FLAGS_OFFSET + 4:
         return "not an ELF file"
     mach = struct.unpack_from("<I", header, elf.E_FLAGS_OFFSET)[0] & elf.MACH_MASK
-    return elf.MACH_NAMES.get(mach, f"mach 0x{mach:02x}")
+    return elf.mach_name(mach)
 
 
 def reads_gfx90a_tree(name: str) -> Callable[[Callable[[str, Path], dict]], Callable[[HostView], dict]]:
@@ -256,24 +274,6 @@ def check_manifests(name: str, tree: Path) -> dict:
     return result(name, STATIC, PASSED, f"{checked} rows in {len(manifests)} manifests all name an existing kernel")
 
 
-def _patched_file_states(transaction: Transaction) -> dict[str, str]:
-    """Per file of the transaction: ``patched`` or what it is instead."""
-    states = {}
-    for relative, hashes in sorted(transaction.record["files"].items()):
-        current = probe.file_sha256(transaction.root / relative)
-        if hashes["patched_sha256"] is None:
-            states[relative] = "its patch never finished"
-        elif current == hashes["patched_sha256"]:
-            states[relative] = "patched"
-        elif current is None:
-            states[relative] = "missing"
-        elif current == hashes["original_sha256"]:
-            states[relative] = "back to the original (patch lost)"
-        else:
-            states[relative] = "edited after patching"
-    return states
-
-
 def check_patch_sets(view: HostView) -> dict:
     name = "patch_sets_applied"
     by_package = {transaction.package: transaction for transaction in view.transactions}
@@ -292,7 +292,7 @@ def check_patch_sets(view: HostView) -> dict:
             problems.append(f"{package}: interrupted transaction in {transaction.backup_dir}: run "
                             f"'python -m cdna2.host.txn recover --backup-dir {transaction.backup_dir}'")
             continue
-        states = _patched_file_states(transaction)
+        states = transaction.file_states
         bad = [f"{transaction.root / path}: {status}" for path, status in states.items() if status != "patched"]
         if bad:
             problems.append(f"{package}: {_named(bad)}; run the deploy to patch it again")
@@ -374,7 +374,7 @@ def stale_jit_outputs(transaction: Transaction) -> list[str]:
     was built from the original and AITER loads it without any source check.
     """
     root = transaction.root
-    patched = [root / path for path, status in _patched_file_states(transaction).items() if status == "patched"]
+    patched = [root / path for path, status in transaction.file_states.items() if status == "patched"]
     if not patched:
         return []
     patched_at = max(path.stat().st_mtime_ns for path in patched)
@@ -407,10 +407,7 @@ def check_jit_locks(view: HostView) -> dict:
     if aiter is None:
         return result(name, STATIC, SKIPPED, f"amd-aiter is not installed for {sys.executable}: no JIT directory")
     root = Path(aiter["location"])
-    locks = sorted(root.glob(jit.LOCK_GLOB))
-    open_ids = jit.open_file_ids()
-    held = [str(lock.relative_to(root)) for lock in locks if jit.lock_is_held(lock, open_ids)]
-    orphans = [str(lock.relative_to(root)) for lock in locks if str(lock.relative_to(root)) not in held]
+    held, orphans = ([str(lock.relative_to(root)) for lock in locks] for locks in jit.partition_locks(root))
     if orphans:
         return result(name, STATIC, FAILED, f"{len(orphans)} JIT locks under {root} are held by no process and every "
                                             f"build of those modules would wait forever: {_named(orphans)}; clear "

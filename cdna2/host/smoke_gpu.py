@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
-import json
 import math
 import os
 import sys
@@ -28,6 +27,8 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
+
+from cdna2.host.cli import finish
 
 # Pass rule of AITER's gfx90a kernel tests (field-notes §6.1): rel_rms < 0.02 and more than 99% of the elements
 # within atol = rtol = 2e-2 of the fp32 reference.
@@ -256,9 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("case", choices=sorted(CASES))
     run_parser.add_argument("--capture-file", type=Path, help="keep the captured fd 1/2 output in this file")
     args = parser.parse_args(argv)
-    report = describe_device() if args.command == "device" else run_case(args.case, args.capture_file)
-    print(json.dumps(report, sort_keys=True))
-    return 0
+    return finish(f"smoke_gpu {args.command}",
+                  describe_device() if args.command == "device" else run_case(args.case, args.capture_file))
 
 
 if __name__ == "__main__":

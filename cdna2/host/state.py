@@ -164,7 +164,6 @@ def update_state(state_dir: Path, key: str, value: Any) -> dict[str, Any]:
     else:
         state[key] = value
     state["format"] = STATE_FORMAT
-    state_dir.mkdir(parents=True, exist_ok=True)
     write_file_atomically(state_dir / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
     return state
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
+from cdna2.host.state import write_file_atomically
 from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
 from cdna2.kernels.isa import BUCKET_NAMES
 from cdna2.kernels.llvm import LlvmNotFoundError, LlvmOutputError
@@ -39,15 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _progress(message: str) -> None:
     print(f"... {message}", file=sys.stderr)
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Write JSON atomically: a temporary file beside the target, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as handle:
-        json.dump(data, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-    os.replace(handle.name, path)
 
 
 def family_table(report: dict) -> str:
@@ -92,7 +82,7 @@ def _run(command: str, produce: Callable[[], dict], json_path: Path | None) -> i
         print(f"{command}: {error}", file=sys.stderr)
         return 1
     if json_path:
-        write_json(json_path, report)
+        write_file_atomically(json_path, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     print(_summary(report))
     return 2 if _errors(report) else 0
 

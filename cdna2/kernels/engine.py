@@ -392,7 +392,8 @@ def _check_postcondition(staging: Path, manifests: dict[str, dict], dst: Path) -
                                "nothing was installed. This is a translator bug: report it with the source tree")
 
 
-def _cache_key(src_digest: str, tools: llvm.LlvmTools) -> str:
+def cache_key(src_digest: str, tools: llvm.LlvmTools) -> str:
+    """What a translation depends on: the source tree, the translator, the LLVM that proves it."""
     return hashlib.sha256(f"{src_digest}\n{TRANSLATOR_VERSION}\n{tools.banner}\n".encode()).hexdigest()
 
 
@@ -454,7 +455,7 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
     jobs = jobs or os.cpu_count() or 1
     tools = llvm.find_llvm()
     src_digest = tree_digest(src)
-    key = _cache_key(src_digest, tools)
+    key = cache_key(src_digest, tools)
     base = {"source": str(src), "destination": str(dst), "source_digest": src_digest,
             "cache": {"dir": str(cache_dir) if cache_dir else None, "key": key,
                       "status": "miss" if cache_dir else "disabled"}}

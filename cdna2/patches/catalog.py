@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
 import yaml
+
+from cdna2.schema import first_violation
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_PATCHSET_DIR = PACKAGE_DIR / "data" / "patchsets"
@@ -83,17 +84,6 @@ class Catalog:
                        for file in variant.files()})
 
 
-def _json_path(path_parts) -> str:
-    return "$" + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path_parts)
-
-
-def _validate_schema(document: object, source: Path, validator: jsonschema.Draft202012Validator) -> None:
-    errors = sorted(validator.iter_errors(document), key=lambda error: list(error.absolute_path))
-    if errors:
-        first = errors[0]
-        raise PatchDataError(f"{source}: {_json_path(first.absolute_path)}: {first.message}")
-
-
 def _check_site_text(site: dict, where: str) -> None:
     """Text rules a schema cannot state; each one keeps "pristine" and "patched" from being confused."""
     anchor, replacement, marker = site["anchor"], site["replacement"], site["marker"]
@@ -154,7 +144,7 @@ def _check_references(sets: list[PatchSet]) -> None:
 def load_catalog(directory: Path | None = None) -> Catalog:
     """Load and validate every ``*.yaml`` patch set in ``directory`` (default: cdna2/data/patchsets)."""
     directory = DEFAULT_PATCHSET_DIR if directory is None else Path(directory)
-    validator = jsonschema.Draft202012Validator(yaml.safe_load(SCHEMA_PATH.read_text()))
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
     sources = sorted(directory.glob("*.yaml"))
     if not sources:
         raise PatchDataError(f"{directory}: no *.yaml patch sets found")
@@ -164,7 +154,9 @@ def load_catalog(directory: Path | None = None) -> Catalog:
             document = yaml.safe_load(source.read_text(encoding="utf-8"))
         except yaml.YAMLError as error:
             raise PatchDataError(f"{source}: $: not valid YAML: {error}") from error
-        _validate_schema(document, source, validator)
+        violation = first_violation(document, schema)
+        if violation:
+            raise PatchDataError(f"{source}: {violation}")
         sets.append(_patch_set(document, source))
     _check_references(sets)
     return Catalog(sets=tuple(sets))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.host.probe import tree_digest
+from lab.labctl import ssh_argv
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).with_name("pyinfra")
@@ -43,6 +44,12 @@ def site_packages(lab_host: dict) -> Path:
     return next(venv.glob("lib/python3*/site-packages"))
 
 
+def dist_version(lab_host: dict, distribution: str) -> str:
+    """The version of ``distribution`` on a lab host, read from its one dist-info directory (a second one fails)."""
+    (dist_info,) = site_packages(lab_host).glob(f"{distribution}-*.dist-info")
+    return dist_info.name.removeprefix(f"{distribution}-").removesuffix(".dist-info")
+
+
 def host_snapshot(lab_host: dict) -> dict[str, str | None]:
     """Digests of everything the deploy may change on a lab host, read through its bind-mount sources."""
     site = site_packages(lab_host)
@@ -57,6 +64,4 @@ def host_snapshot(lab_host: dict) -> dict[str, str | None]:
 
 def ssh(lab: dict, lab_host: dict, command: str) -> subprocess.CompletedProcess:
     """Run ``command`` on a lab host as an operator would: real ssh, the lab key, host-key checking on."""
-    return subprocess.run(["ssh", "-i", lab["ssh"]["key"], "-o", f"UserKnownHostsFile={lab['ssh']['known_hosts']}",
-                           "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-p", str(lab_host["port"]),
-                           f"root@{lab_host['address']}", command], capture_output=True, text=True, timeout=300)
+    return subprocess.run(ssh_argv(lab, lab_host, command), capture_output=True, text=True, timeout=300)

@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import run_pyinfra, site_packages
+from tests.lab.deploy_runner import dist_version, run_pyinfra
 
 pytestmark = pytest.mark.lab
-
-
-def vllm_version(lab_host: dict) -> str:
-    (dist_info,) = site_packages(lab_host).glob("vllm-*.dist-info")
-    return dist_info.name.removeprefix("vllm-").removesuffix(".dist-info")
 
 
 def test_upgraded_package_is_patched_next_run_and_rolls_back_to_its_own_files(scratch_lab: dict,
@@ -28,11 +23,11 @@ def test_upgraded_package_is_patched_next_run_and_rolls_back_to_its_own_files(sc
         environment.setenv("CDNA2_LAB_DIR", scratch_lab["lab_dir"])
         first = run_pyinfra("-y", "deploy.py", report_dir=reports)
         assert first.returncode == 0, first.output[-4000:]
-        assert vllm_version(lab_host) == "0.23.0" and first.row(name)["steps"]["patches vllm"]["status"] == "changed"
+        assert dist_version(lab_host, "vllm") == "0.23.0" and first.row(name)["steps"]["patches vllm"]["status"] == "changed"
 
         upgrade = run_pyinfra("-y", "deploy.py", "--data", "install_vllm=true", report_dir=reports)
         assert upgrade.returncode == 0, upgrade.output[-4000:]
-        assert vllm_version(lab_host) == "0.26.0"
+        assert dist_version(lab_host, "vllm") == "0.26.0"
         row = upgrade.row(name)
         assert row["status"] == "ok" and row["packages"]["vllm"] == "0.23.0 -> 0.26.0", row
         for step in ("patches vllm", "smoke"):
@@ -49,4 +44,4 @@ def test_upgraded_package_is_patched_next_run_and_rolls_back_to_its_own_files(sc
         detail = rolled_back.row(name)["steps"]["record"]["detail"]
         checked = re.search(r"vllm: (\d+)/(\d+) files match RECORD", detail)
         assert checked and checked.group(1) == checked.group(2), detail
-        assert vllm_version(lab_host) == "0.26.0"
+        assert dist_version(lab_host, "vllm") == "0.26.0"

@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 
 from lab import mirror
-from tests.lab.deploy_runner import host_snapshot, run_pyinfra, site_packages, ssh
+from tests.lab.deploy_runner import dist_version, host_snapshot, run_pyinfra, ssh
 
 pytestmark = pytest.mark.lab
-
-
-def triton_version(lab_host: dict) -> str:
-    (dist_info,) = site_packages(lab_host).glob("triton-*.dist-info")
-    return dist_info.name.removeprefix("triton-").removesuffix(".dist-info")
 
 
 def put_back_broken_triton(lab: dict, lab_host: dict) -> None:
@@ -28,10 +23,10 @@ def put_back_broken_triton(lab: dict, lab_host: dict) -> None:
 def test_triton_370_is_replaced_from_the_mirror_and_a_rerun_installs_nothing(lab: dict, tmp_path: Path) -> None:
     target = lab["hosts"][0]
     put_back_broken_triton(lab, target)
-    assert triton_version(target) == "3.7.0"
+    assert dist_version(target, "triton") == "3.7.0"
     first = run_pyinfra("-y", "-v", "deploy.py", report_dir=tmp_path)
     assert first.returncode == 0, first.output[-4000:]
-    assert triton_version(target) == "3.7.1"
+    assert dist_version(target, "triton") == "3.7.1"
     row = first.row(target["name"])
     assert row["packages"]["triton"] == "3.7.0 -> 3.7.1" and row["steps"]["wheels"]["status"] == "changed"
     pip_lines = [line for line in first.output.splitlines()
@@ -66,7 +61,7 @@ def test_host_with_rocm_outside_the_matrix_fails_untouched(lab: dict, tmp_path: 
         detail = row["steps"]["preflight"]["detail"]
         assert f"ROCm {lab_host['rocm_version']}" in detail and str(narrow / "wheel-matrix.yaml") in detail, detail
         assert host_snapshot(lab_host) == before[lab_host["name"]], f"{lab_host['name']} must not change"
-        assert triton_version(lab_host) == "3.7.0"
+        assert dist_version(lab_host, "triton") == "3.7.0"
     for lab_host in inside:
         assert run.row(lab_host["name"])["status"] == "ok"
     # Leave the lab as the other tests expect it: provisioned from the lab's own matrix.
