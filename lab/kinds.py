@@ -7,13 +7,17 @@ so the default three hosts are one of each and larger labs repeat the same mix.
 
 from __future__ import annotations
 
+import os
 import string
 from dataclasses import dataclass
 
 from lab import wheelhouse
 
 PORT = 2222
-DEFAULT_SUBNET = "127.0.10"
+# First two octets of every lab address. Checkouts that run labs side by side on one machine (git worktrees) each
+# set their own (CDNA2_LAB_NET=127.1, 127.2, ...) so their sshds never bind the same address.
+LAB_NET = os.environ.get("CDNA2_LAB_NET", "127.0")
+DEFAULT_SUBNET = f"{LAB_NET}.10"
 MAX_HOSTS = 254  # one loopback address per host: <subnet>.1 .. <subnet>.254
 
 # Every host's environment starts from these (the broken triton, so the deploy has something to fix).

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from lab import wheelhouse
+from lab import kinds, wheelhouse
 from lab.labctl import REPO, LabPaths, host_alive, load_lab
 
 LAB_COMMANDS = REPO / "lab"
 DEFAULT_HOSTS = 3
 # Subnets for scratch labs: away from the shared lab's 127.0.10, one per scratch lab in a session.
-_scratch_subnets = (f"127.0.{octet}" for octet in itertools.count(20))
+_scratch_subnets = (f"{kinds.LAB_NET}.{octet}" for octet in itertools.count(20))
 
 
 def run_lab_command(command: str, *args: str, lab_dir: Path | None = None,

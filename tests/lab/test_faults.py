@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 from cdna2.host.probe import tree_digest
-from lab import wheelhouse
+from lab import kinds, wheelhouse
 from lab.labctl import descendants, stop_host
 from tests.lab.conftest import run_lab_command
 from tests.lab.deploy_runner import PYINFRA, REPO, host_snapshot, run_pyinfra, site_packages, ssh
 
 pytestmark = pytest.mark.lab
 
-FAULT_SUBNET = "127.0.60"  # away from the shared lab (127.0.10) and the scratch labs (127.0.20 upwards)
+FAULT_SUBNET = f"{kinds.LAB_NET}.60"  # away from the shared lab (127.0.10) and the scratch labs (127.0.20 upwards)
 PACKAGES = ("amd-aiter", "vllm")
 
 
