@@ -47,8 +47,48 @@ def mach_name(mach: int) -> str:
     return MACH_NAMES.get(mach, f"mach 0x{mach:02x}")
 
 
-def read_code_object(data: bytes) -> CodeObject:
-    """Parse the header and locate .text, refusing anything truncated or out of bounds."""
+@dataclass(frozen=True)
+class Section:
+    name: str
+    type: int
+    flags: int
+    address: int
+    offset: int
+    size: int
+    link: int
+    info: int
+    align: int
+    entry_size: int
+
+    @property
+    def file_size(self) -> int:
+        return 0 if self.type == SHT_NOBITS else self.size
+
+
+@dataclass(frozen=True)
+class Symbol:
+    name: str
+    info: int  # binding << 4 | type
+    other: int  # visibility
+    section: int  # section index, or SHN_ABS
+    value: int
+    size: int
+
+    @property
+    def binding(self) -> int:
+        return self.info >> 4
+
+    @property
+    def kind(self) -> int:
+        return self.info & 0xF
+
+
+SHT_SYMTAB, SHT_NOBITS = 2, 8
+SHN_ABS = 0xFFF1
+_SYMBOL = struct.Struct("<IBBHQQ")
+
+
+def _check_header(data: bytes) -> None:
     if len(data) < _ELF_HEADER_SIZE or data[:4] != b"\x7fELF":
         raise ElfError(f"not an ELF file or truncated header ({len(data)} bytes)")
     if data[4] != 2 or data[5] != 1:
@@ -56,7 +96,11 @@ def read_code_object(data: bytes) -> CodeObject:
     (e_machine,) = struct.unpack_from("<H", data, 0x12)
     if e_machine != EM_AMDGPU:
         raise ElfError(f"e_machine is {e_machine}, not EM_AMDGPU ({EM_AMDGPU})")
-    (e_flags,) = struct.unpack_from("<I", data, E_FLAGS_OFFSET)
+
+
+def sections(data: bytes) -> list[Section]:
+    """The section header table, names resolved, refusing anything truncated or out of bounds."""
+    _check_header(data)
     (section_table,) = struct.unpack_from("<Q", data, 0x28)
     entry_size, count, names_index = struct.unpack_from("<HHH", data, 0x3A)
     if entry_size != _SECTION_HEADER.size or count == 0 or names_index >= count:
@@ -64,25 +108,53 @@ def read_code_object(data: bytes) -> CodeObject:
     if section_table + count * entry_size > len(data):
         raise ElfError(f"truncated: section header table ends at {section_table + count * entry_size:#x}, "
                        f"file is {len(data):#x} bytes")
-    sections = [_SECTION_HEADER.unpack_from(data, section_table + i * entry_size) for i in range(count)]
-    names_offset, names_size = sections[names_index][4], sections[names_index][5]
+    headers = [_SECTION_HEADER.unpack_from(data, section_table + i * entry_size) for i in range(count)]
+    names_offset, names_size = headers[names_index][4], headers[names_index][5]
     if names_offset + names_size > len(data):
         raise ElfError("truncated: section name table lies past the end of the file")
-    texts = [s for s in sections if _name(data, names_offset, names_size, s[0]) == b".text"]
+    result = []
+    for name, kind, flags, address, offset, size, link, info, align, entry in headers:
+        section = Section(_name(data, names_offset, names_size, name).decode(errors="replace"), kind, flags,
+                          address, offset, size, link, info, align, entry)
+        if section.offset + section.file_size > len(data):
+            raise ElfError(f"truncated: {section.name} ends at {section.offset + section.file_size:#x}, "
+                           f"file is {len(data):#x} bytes")
+        result.append(section)
+    return result
+
+
+def symbols(data: bytes, table: list[Section]) -> list[Symbol]:
+    """The entries of .symtab after the null symbol, in file order."""
+    symtabs = [s for s in table if s.type == SHT_SYMTAB]
+    if len(symtabs) != 1:
+        raise ElfError(f"expected one symbol table, found {len(symtabs)}")
+    symtab = symtabs[0]
+    strings = table[symtab.link]
+    result = []
+    for offset in range(symtab.offset + _SYMBOL.size, symtab.offset + symtab.size, _SYMBOL.size):
+        name, info, other, section, value, size = _SYMBOL.unpack_from(data, offset)
+        result.append(Symbol(_name(data, strings.offset, strings.size, name).decode(errors="replace"), info, other,
+                             section, value, size))
+    return result
+
+
+def read_code_object(data: bytes) -> CodeObject:
+    """Parse the header and locate .text, refusing anything truncated or out of bounds."""
+    table = sections(data)
+    (e_flags,) = struct.unpack_from("<I", data, E_FLAGS_OFFSET)
+    texts = [s for s in table if s.name == ".text"]
     if len(texts) != 1:
         raise ElfError(f"expected one .text section, found {len(texts)}")
-    _, _, _, address, offset, size, *_ = texts[0]
-    if offset + size > len(data):
-        raise ElfError(f"truncated: .text ends at {offset + size:#x}, file is {len(data):#x} bytes")
-    return CodeObject(e_flags=e_flags, text_offset=offset, text_address=address, text_size=size)
+    return CodeObject(e_flags=e_flags, text_offset=texts[0].offset, text_address=texts[0].address,
+                      text_size=texts[0].size)
 
 
 def _name(data: bytes, table: int, table_size: int, index: int) -> bytes:
     if index >= table_size:
-        raise ElfError("section name index lies outside the name table")
+        raise ElfError("name index lies outside its string table")
     end = data.find(b"\0", table + index, table + table_size)
     if end < 0:
-        raise ElfError("unterminated section name")
+        raise ElfError("unterminated name in a string table")
     return data[table + index:end]
 
 

@@ -36,11 +36,12 @@ RENAMES = {
     "v_mfma_f64_4x4x4_4b_f64": "v_mfma_f64_4x4x4f64",
 }
 
+INT8_K32 = "int8 with K=32"  # the bucket the split (split.py) can unlock
 # Why a blocking instruction blocks, checked in this order; the first match names the bucket.
 BUCKETS = (
     ("fp8", re.compile(r"fp8|bf8")),
     ("gfx950-only", re.compile(r"mfma_f32_(16x16x32|32x32x16)_(bf16|f16)")),
-    ("int8 with K=32", re.compile(r"mfma_i32_(16x16x32|32x32x16)_i8")),
+    (INT8_K32, re.compile(r"mfma_i32_(16x16x32|32x32x16)_i8")),
     ("bf16 atomics", re.compile(r"atomic\w*_bf16")),
     ("64-bit VALU", re.compile(r"^v_\S*_(u64|b64|i64)")),  # v_lshl_add_u64, v_mov_b64_e32, ...
     ("cache-policy modifiers", re.compile(r"\s(sc0|sc1|nt)(\s|$)")),
@@ -106,3 +107,37 @@ def bucket_of(text: str) -> str:
         if pattern.search(text):
             return name
     return OTHER
+
+
+# Program-counter facts, from the encodings (GFX9 SOPP/SOP1/SOPK, the same on gfx90a and gfx942).
+# SOPP branches carry a signed 16-bit dword offset from the next instruction: target = address + 4 + 4 * simm16.
+BRANCHES = {2: "s_branch", 4: "s_cbranch_scc0", 5: "s_cbranch_scc1", 6: "s_cbranch_vccz", 7: "s_cbranch_vccnz",
+            8: "s_cbranch_execz", 9: "s_cbranch_execnz", 23: "s_cbranch_cdbgsys", 24: "s_cbranch_cdbguser",
+            25: "s_cbranch_cdbgsys_or_user", 26: "s_cbranch_cdbgsys_and_user"}
+BRANCH_RANGE = (-32768, 32767)  # simm16, in dwords
+# Instructions whose effect depends on where code lies (they read or load the PC): moving code changes them.
+_PC_SOP1 = {0x1C: "s_getpc_b64", 0x1D: "s_setpc_b64", 0x1E: "s_swappc_b64", 0x1F: "s_rfe_b64"}
+_SOPK_CALL = 0x15  # s_call_b64
+
+
+def branch_of(chunk: bytes) -> tuple[str, int] | None:
+    """(mnemonic, signed dword offset) of a SOPP branch, else None."""
+    if len(chunk) != 4:
+        return None
+    word = int.from_bytes(chunk, "little")
+    if word >> 23 != 0x17F or (word >> 16) & 0x7F not in BRANCHES:
+        return None
+    offset = word & 0xFFFF
+    return BRANCHES[(word >> 16) & 0x7F], offset - 0x10000 if offset & 0x8000 else offset
+
+
+def pc_dependent(chunk: bytes) -> str | None:
+    """The mnemonic of an instruction that reads or writes the PC other than a SOPP branch (s_getpc_b64, ...)."""
+    if len(chunk) < 4:
+        return None
+    word = int.from_bytes(chunk[:4], "little")
+    if word >> 23 == 0x17D and (word >> 8) & 0xFF in _PC_SOP1:
+        return _PC_SOP1[(word >> 8) & 0xFF]
+    if word >> 28 == 0xB and (word >> 23) & 0x1F == _SOPK_CALL:
+        return "s_call_b64"
+    return None

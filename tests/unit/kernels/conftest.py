@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import io
+import os
+import shutil
 import subprocess
+import tarfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from cdna2.cache import cache_root
 from cdna2.kernels import find_llvm
+from lab import wheelhouse
 
 KERNEL_TEMPLATE = """\
 .amdgcn_target "amdgcn-amd-amdhsa--gfx942"
@@ -73,3 +79,26 @@ def build_code_object(llvm_tools, tmp_path):
         return path
 
     return build
+
+
+# AITER's git history (a bare repository): CDNA2_AITER_GIT, else the machine's mirror of github.com/ROCm/aiter.
+AITER_GIT = Path(os.environ.get("CDNA2_AITER_GIT") or "/work/.mirror/ROCm+aiter/repo")
+
+
+def aiter_git_tree(tag: str) -> Path:
+    """AITER's hsa/gfx942 tree at `tag`, exported once into the cache (skips the test when the history is absent)."""
+    if not (AITER_GIT / "HEAD").is_file():
+        pytest.skip(f"no AITER git history at {AITER_GIT}: set CDNA2_AITER_GIT to a clone of github.com/ROCm/aiter")
+    tree = cache_root() / "trees" / f"aiter-git-{tag}"
+    with wheelhouse.cache_lock("trees"):
+        if not (tree / ".complete").exists():
+            staging = tree.with_name(tree.name + ".staging")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            archive = subprocess.run(["git", f"--git-dir={AITER_GIT}", "archive", tag, "hsa/gfx942"],
+                                     capture_output=True, check=True).stdout
+            tarfile.open(fileobj=io.BytesIO(archive)).extractall(staging, filter="data")
+            (staging / ".complete").touch()
+            shutil.rmtree(tree, ignore_errors=True)
+            staging.rename(tree)
+    return tree / "hsa" / "gfx942"

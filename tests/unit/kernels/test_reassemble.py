@@ -1,0 +1,109 @@
+"""The re-assembly stage: code object -> assembly source -> llvm-mc + ld.lld -> the original's linker facts restored.
+
+With no edit the output must be the input, byte for byte: on small kernels built here, and on every kernel of the
+amd-aiter 0.1.7.post2.dev18 tree (PyPI) and of AITER v0.1.19's hsa/gfx942 (git history).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+import pytest
+
+from cdna2.cache import cache_root
+from cdna2.host import elf
+from cdna2.host.probe import tree_digest
+from cdna2.kernels import isa, reassemble
+from lab import wheelhouse
+from tests.unit.kernels.conftest import aiter_git_tree
+
+LOOP = ("s_mov_b32 s0, 4", "label_loop:", "v_add_u32_e32 v0, 1, v0", "s_sub_u32 s0, s0, 1",
+        "s_cmp_eq_u32 s0, 0", "s_cbranch_scc0 label_loop", "s_cbranch_execz label_done", "v_mov_b32_e32 v1, v0",
+        "label_done:")
+
+
+def round_trip(tools, source: Path, target: Path, *edits: reassemble.Edit) -> reassemble.Rebuilt:
+    job = reassemble.Job("k.co", str(source), str(target), "gfx942", edits=edits)
+    return reassemble.rebuild(tools, [job])[0]
+
+
+def test_kernel_with_branches_and_labels_round_trips_byte_identical(build_code_object, llvm_tools, tmp_path):
+    source = build_code_object(tmp_path / "loop.co", *LOOP)
+    result = round_trip(llvm_tools, source, tmp_path / "out.co")
+    assert result.error is None
+    assert (tmp_path / "out.co").read_bytes() == source.read_bytes()
+
+
+def test_branch_targets_are_computed_from_the_encoding(build_code_object, tmp_path):
+    data = build_code_object(tmp_path / "loop.co", *LOOP).read_bytes()
+    code_object = elf.read_code_object(data)
+    instructions = isa.split_instructions(elf.text_of(data, code_object))
+    starts = [0]
+    for chunk in instructions:
+        starts.append(starts[-1] + len(chunk))
+    # s_mov_b32 s0, 4 is instruction 0; the loop starts at 1; the backward branch is 4, the forward one 5.
+    assert reassemble.branch_targets(instructions, starts) == {4: 1, 5: 7}
+
+
+def test_code_reading_the_pc_is_refused(build_code_object, llvm_tools, tmp_path):
+    source = build_code_object(tmp_path / "pc.co", "s_getpc_b64 s[0:1]")
+    result = round_trip(llvm_tools, source, tmp_path / "out.co")
+    assert result.error is not None and "s_getpc_b64" in result.error and "cannot move" in result.error
+    assert not (tmp_path / "out.co").exists()
+
+
+# --- whole trees ----------------------------------------------------------------------------------------------------
+
+def _round_trip_batch(root: str, out: str, relpaths: list[str]) -> list[tuple[str, str | None]]:
+    from cdna2.kernels import find_llvm
+    jobs = [reassemble.Job(r, str(Path(root, r)), str(Path(out, r)), "gfx942") for r in relpaths]
+    results = []
+    for result in reassemble.rebuild(find_llvm(), jobs):
+        if result.error is None and Path(out, result.relpath).read_bytes() != Path(root, result.relpath).read_bytes():
+            results.append((result.relpath, "rebuilt bytes differ from the original"))
+        else:
+            results.append((result.relpath, result.error))
+        Path(out, result.relpath).unlink(missing_ok=True)
+    return results
+
+
+def _code_digest() -> str:
+    """What a round-trip verdict depends on besides the tree and LLVM: the code that reads, emits and restores."""
+    modules = (reassemble, isa, elf)
+    return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in modules)).hexdigest()
+
+
+def assert_tree_round_trips(root: Path, tools, tmp_path: Path, expected_kernels: int) -> None:
+    """Every kernel of `root` rebuilt with no edit is byte-identical; a passing verdict is cached per tree, code
+    and LLVM (2 worker processes, largest files first)."""
+    key = hashlib.sha256(f"{tree_digest(root)}\n{_code_digest()}\n{tools.banner}".encode()).hexdigest()
+    verdict = cache_root() / "kernels" / "reassembly-round-trips" / f"{key}.json"
+    relpaths = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.co"))
+    assert len(relpaths) == expected_kernels
+    if verdict.is_file():
+        assert json.loads(verdict.read_text()) == {"kernels": expected_kernels, "identical": expected_kernels}
+        return
+    by_size = sorted(relpaths, key=lambda r: -(root / r).stat().st_size)
+    batches = [by_size[i::16] for i in range(16)]
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
+        outcomes = [o for batch in pool.map(_round_trip_batch, [str(root)] * 16, [str(tmp_path)] * 16, batches)
+                    for o in batch]
+    failures = [f"{relpath}: {error}" for relpath, error in outcomes if error]
+    assert not failures, f"{len(failures)} of {len(relpaths)} kernels do not round-trip:\n" + "\n".join(failures[:20])
+    verdict.parent.mkdir(parents=True, exist_ok=True)
+    verdict.write_text(json.dumps({"kernels": len(outcomes), "identical": len(outcomes)}))
+
+
+@pytest.mark.slow
+def test_every_kernel_of_amd_aiter_0_1_7_round_trips_byte_identical(llvm_tools, tmp_path):
+    root = wheelhouse.installed_tree(wheelhouse.AITER) / "aiter_meta/hsa/gfx942"
+    assert_tree_round_trips(root, llvm_tools, tmp_path, expected_kernels=1281)
+
+
+@pytest.mark.slow
+def test_every_kernel_of_aiter_v0_1_19_round_trips_byte_identical(llvm_tools, tmp_path):
+    assert_tree_round_trips(aiter_git_tree("v0.1.19"), llvm_tools, tmp_path, expected_kernels=1425)
