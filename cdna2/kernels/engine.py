@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict, dataclass
 import os
 import shutil
 import time
@@ -30,10 +31,11 @@ from typing import Callable
 
 from cdna2.host.probe import tree_digest
 from cdna2.host import elf, manifest
-from cdna2.kernels import isa, llvm
+from cdna2.kernels import edits, isa, llvm, split
+from cdna2.kernels.relocation_proof import Expected
 
 # Bump whenever the bytes written for the same input may change (rename table, patching, manifest rules).
-TRANSLATOR_VERSION = "1"
+TRANSLATOR_VERSION = "2"
 REPORT_FORMAT = 1
 MAX_BLOCKERS_LISTED = 20
 BRANCH_PREFIXES = ("s_branch", "s_cbranch_", "s_call_b64")  # objdump prints their targets as labels
@@ -179,6 +181,7 @@ class Analysis:
         self.blocking: set[int] = set()  # the keys of reasons, once judged
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
         self.expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> gfx90a bytes, objdump line around the address
+        self.halves: dict[int, tuple[Expected, Expected]] = {}  # gid of an int8 K=32 MFMA -> its gfx90a split
         self.durations: dict[str, float] = {}
 
     def blockers(self, relpath: str) -> list[int]:
@@ -188,6 +191,18 @@ class Analysis:
     def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[bytes, str, str]]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
         return {self.chunks[gid]: self.expected[gid] for gid in gids}
+
+    def moves_for(self, relpaths: list[str]) -> tuple[dict[bytes, Expected], dict[bytes, tuple[Expected, Expected]]]:
+        """What kernels whose code moves need: each instruction's gfx90a text and bytes, and the splits."""
+        gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
+        expected = {self.chunks[g]: Expected(isa.rename(self.texts[g]), self.expected[g][0])
+                    for g in gids if g in self.expected}
+        return expected, {self.chunks[g]: self.halves[g] for g in gids if g in self.halves}
+
+    def split_unlocks(self, relpath: str) -> bool:
+        """Every blocker of the kernel is an int8 K=32 MFMA the split rule handles."""
+        blockers = self.blocking.intersection(self.files[relpath][1])
+        return bool(blockers) and blockers <= self.halves.keys()
 
 
 def _balanced(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
@@ -260,6 +275,30 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
             head, _, tail = llvm.objdump_line(0, target, objdump_words(encoding)).partition(f"{0:012X}")
             analysis.expected[gid] = (encoding, head, tail)
     analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
+    _judge_splits(analysis, tools, jobs)
+
+
+def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int) -> None:
+    """The gfx90a halves of each int8 K=32 MFMA the split rule handles, assembled and decoded back by LLVM (the
+    decoded text is what objdump prints for them)."""
+    planned = {}
+    for gid, bucket in analysis.buckets.items():
+        if bucket == isa.INT8_K32:
+            halves, why = split.split_int8_k32(analysis.texts[gid])
+            if halves is None:
+                analysis.reasons[gid] = f"{analysis.reasons[gid]}; {why}"
+            else:
+                planned[gid] = halves
+    texts = sorted({text for pair in planned.values() for text in pair})
+    encodings = dict(zip(texts, llvm.assemble(tools, texts, "gfx90a", jobs)))
+    decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None]
+    printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs)))
+    for gid, pair in planned.items():
+        expected = [(encodings[t][0], printed.get(encodings[t][0])) for t in pair]
+        if all(encoding is not None and text is not None for encoding, text in expected):
+            analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in expected)
+        else:
+            analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {encodings[pair[0]][1]}"
 
 
 def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
@@ -285,6 +324,8 @@ def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
     buckets = {bucket: len(gids) for bucket, gids in by_bucket.items()}
     entry.update(status="blocked", blocking_instructions=len(blockers), blockers=listed,
                  buckets=dict(sorted(buckets.items())))
+    if analysis.split_unlocks(relpath):
+        entry["unlocked_by"] = "int8_k32_split"
     return entry
 
 
@@ -297,9 +338,9 @@ def _family_table(kernels: dict[str, dict]) -> dict[str, dict]:
         status = entry["status"]
         if status in ("portable", "written"):
             row["portable"] += 1
-        elif status == "blocked":
+        elif status in ("blocked", "refused"):
             row["blocked"] += 1
-            for bucket in entry["buckets"]:
+            for bucket in entry.get("buckets", {}):
                 row["blocked_by"][bucket] = row["blocked_by"].get(bucket, 0) + 1
         elif status == "skipped":
             row["skipped"] += 1
@@ -392,9 +433,21 @@ def _check_postcondition(staging: Path, manifests: dict[str, dict], dst: Path) -
                                "nothing was installed. This is a translator bug: report it with the source tree")
 
 
-def cache_key(src_digest: str, tools: llvm.LlvmTools) -> str:
-    """What a translation depends on: the source tree, the translator, the LLVM that proves it."""
-    return hashlib.sha256(f"{src_digest}\n{TRANSLATOR_VERSION}\n{tools.banner}\n".encode()).hexdigest()
+@dataclass(frozen=True)
+class Policy:
+    """What the translator may do beyond re-encoding in place (host data `int8_k32_split`)."""
+    # Off until measured on an MI210: each split MFMA costs 4x the gfx942 cycles, so an unlocked kernel is not
+    # necessarily faster than AITER's fallback.
+    int8_k32_split: bool = False
+
+
+def cache_key(src_digest: str, tools: llvm.LlvmTools, policy: Policy = Policy(),
+              pads: dict[str, list[edits.Pad]] | None = None) -> str:
+    """What a translation depends on: the source tree, the translator, the LLVM that proves it, the policy and the
+    padding asked for."""
+    asked = json.dumps({"policy": asdict(policy), "pads": {r: [asdict(p) for p in v] for r, v in (pads or {}).items()}},
+                       sort_keys=True)
+    return hashlib.sha256(f"{src_digest}\n{TRANSLATOR_VERSION}\n{tools.banner}\n{asked}\n".encode()).hexdigest()
 
 
 def _move_into_place(staging: Path, dst: Path) -> None:
@@ -445,9 +498,60 @@ def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
             raise
 
 
+def _move_kernels(src: Path, staging: Path, analysis: Analysis, relpaths: list[str], pads: dict[str, list[edits.Pad]],
+                  tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
+                  progress: Progress) -> dict[str, edits.Moved]:
+    """Kernels whose code moves (split, padded): rebuilt through assembly source, each proven (edits.move_batch),
+    then the gfx90a target checked by llvm-readelf as for kernels patched in place."""
+    if not relpaths:
+        return {}
+    progress(f"re-assembling and proving {len(relpaths)} kernels whose code moves")
+    groups = _balanced(src, relpaths, jobs * 3)
+    moves = [analysis.moves_for(group) for group in groups]
+    results = {}
+    for batch in pool.map(edits.move_batch, [tools] * len(groups), [str(src)] * len(groups),
+                          [str(staging)] * len(groups), groups, [m[0] for m in moves], [m[1] for m in moves],
+                          [{r: pads[r] for r in group if r in pads} for group in groups]):
+        results.update((moved.relpath, moved) for moved in batch)
+    written = [staging / r for r, moved in results.items() if moved.outcome == "written"]
+    notes = llvm.readelf_notes(tools, written) if written else {}
+    for path in written:
+        if error := _check_target(notes.get(str(path), "")):
+            path.unlink()
+            results[path.relative_to(staging).as_posix()] = edits.Moved(path.relative_to(staging).as_posix(),
+                                                                        "error", error)
+    return results
+
+
+def _moved_entry(moved: edits.Moved) -> dict:
+    if moved.outcome != "written":
+        return {"status": moved.outcome, "reason": moved.reason}
+    code = " and ".join(kind for kind, count in (("split", moved.split_mfmas), ("padded", moved.nops)) if count)
+    return {"status": "written", "code": code, "split_mfmas": moved.split_mfmas, "nops": moved.nops,
+            "nops_in_loops": moved.nops_in_loops, "text_growth_bytes": moved.text_growth}
+
+
+def _rows_gained(src: Path, others: list[str], source_kernels: set[str], written: set[str],
+                 more: set[str]) -> dict[str, int]:
+    """Per manifest, the rows that writing `more` kernels too would keep."""
+    gained = {}
+    for relpath in others:
+        if relpath.endswith(".csv"):
+            text = (src / relpath).read_text(encoding="utf-8")
+            extra = (manifest.prune(relpath, text, source_kernels, written | more).kept
+                     - manifest.prune(relpath, text, source_kernels, written).kept)
+            if extra:
+                gained[relpath] = extra
+    return gained
+
+
 def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: Path | None = None,
-                   progress: Progress | None = None) -> dict:
-    """Build the gfx90a tree DST from the gfx942 tree SRC atomically; returns the JSON-able report."""
+                   progress: Progress | None = None, policy: Policy = Policy(),
+                   pads: dict[str, list[edits.Pad]] | None = None) -> dict:
+    """Build the gfx90a tree DST from the gfx942 tree SRC atomically; returns the JSON-able report.
+
+    `policy` says whether int8 K=32 kernels are split; `pads` asks, per kernel, for wait states before consumers
+    (kernels with pads are re-assembled instead of patched in place)."""
     started = time.monotonic()
     progress = progress or (lambda message: None)
     src, dst = Path(src), Path(dst)
@@ -455,7 +559,8 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
     jobs = jobs or os.cpu_count() or 1
     tools = llvm.find_llvm()
     src_digest = tree_digest(src)
-    key = cache_key(src_digest, tools)
+    pads = pads or {}
+    key = cache_key(src_digest, tools, policy, pads)
     base = {"source": str(src), "destination": str(dst), "source_digest": src_digest,
             "cache": {"dir": str(cache_dir) if cache_dir else None, "key": key,
                       "status": "miss" if cache_dir else "disabled"}}
@@ -475,18 +580,29 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             written_started = time.monotonic()
             staging.mkdir()
             portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
-            outcomes = _write_kernels(src, staging, analysis, portable, tools, jobs, pool, progress)
+            unlocked = {relpath for relpath, entry in kernels.items() if entry.get("unlocked_by") == "int8_k32_split"}
+            moving = sorted({r for r in portable if r in pads} | (unlocked if policy.int8_k32_split else set()))
+            outcomes = _write_kernels(src, staging, analysis, sorted(set(portable) - set(moving)), tools, jobs, pool,
+                                      progress)
+            moved = _move_kernels(src, staging, analysis, moving, pads, tools, jobs, pool, progress)
         for relpath, (patched, error) in outcomes.items():
             if error:
                 kernels[relpath].update(status="error", reason=f"proof failed: {error}")
             else:
-                kernels[relpath].update(status="written", patched_instructions=patched)
+                kernels[relpath].update(status="written", code="in place", patched_instructions=patched)
+        for relpath, outcome in moved.items():
+            kernels[relpath].update(_moved_entry(outcome))
         analysis.durations["write_and_prove"] = time.monotonic() - written_started
 
         manifests_started = time.monotonic()
         written = {relpath for relpath, entry in kernels.items() if entry["status"] == "written"}
         manifests, carried = _write_manifests(src, staging, others, set(kernel_paths), written)
         _check_postcondition(staging, manifests, dst)
+        split_report = {"enabled": policy.int8_k32_split, "kernels_unlocked": len(unlocked),
+                        "written": len(unlocked & written)}
+        if not policy.int8_k32_split:
+            split_report["manifest_rows_it_would_add"] = _rows_gained(src, others, set(kernel_paths), written,
+                                                                      unlocked)
         analysis.durations["manifests"] = time.monotonic() - manifests_started
 
         report = {
@@ -497,7 +613,9 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             "manifests": manifests,
             "manifest_rows": {"kept": sum(m["kept"] for m in manifests.values()),
                               "dropped": sum(m["dropped"] for m in manifests.values())},
-            "carried_files": carried, "limitations": list(LIMITATIONS),
+            "carried_files": carried, "limitations": list(LIMITATIONS), "int8_k32_split": split_report,
+            "padding": {"kernels": sum(1 for r in moved if kernels[r].get("nops")),
+                        "nops": sum(kernels[r].get("nops", 0) for r in moved)},
         }
         if cache_dir is not None:
             _store_in_cache(Path(cache_dir) / key, staging, report)

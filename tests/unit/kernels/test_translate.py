@@ -35,7 +35,8 @@ def test_bf16_kernel_is_rewritten_to_the_1k_opcode_and_retargeted(source_tree, t
     dst = tmp_path / "hsa" / "gfx90a"
     report = translate_tree(source_tree, dst, jobs=2)
     written = dst / "fam" / "ok_bf16.co"
-    assert report["kernels"]["fam/ok_bf16.co"] == {"family": "fam", "status": "written", "patched_instructions": 1}
+    assert report["kernels"]["fam/ok_bf16.co"] == {"family": "fam", "status": "written", "code": "in place",
+                                                 "patched_instructions": 1}
     assert e_flags(written) == 0x53F, "machine gfx90a (0x3f) with xnack/sramecc feature bits (0x500) kept"
     listing = subprocess.run([llvm_tools.tool("llvm-objdump"), "-d", "--mcpu=gfx90a", str(written)],
                              capture_output=True, text=True, check=True).stdout

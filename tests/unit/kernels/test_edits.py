@@ -1,0 +1,161 @@
+"""Edits as data (insert s_nop before an instruction, replace one by a sequence) and the proof every moved kernel
+passes before it is written: on small gfx942 kernels assembled here."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from cdna2.host import elf
+from cdna2.kernels import edits, isa, llvm, translate_tree
+from cdna2.kernels.engine import Policy
+from cdna2.kernels.relocation_proof import Expected, prove
+
+# Offsets in .text (all instructions here are 4 or 8 bytes): 0 s_mov, 4 v_add (loop start), 8 s_sub, 0xc s_cmp,
+# 0x10 s_cbranch_scc0 (back to 4), 0x14 s_cbranch_execz (forward to 0x1c), 0x18 v_mov, 0x1c s_endpgm.
+LOOP = ("s_mov_b32 s0, 4", "label_loop:", "v_add_u32_e32 v0, 1, v0", "s_sub_u32 s0, s0, 1",
+        "s_cmp_eq_u32 s0, 0", "s_cbranch_scc0 label_loop", "s_cbranch_execz label_done", "v_mov_b32_e32 v1, v0",
+        "label_done:")
+K32 = "v_mfma_i32_16x16x32_i8 v[0:3], v[4:5], v[6:7], v[0:3]"
+
+
+def listing(tools, path) -> list[str]:
+    return llvm.objdump_lines(tools, [path], "gfx90a")[str(path)]
+
+
+def texts(tools, path) -> list[str]:
+    return [llvm.parse_objdump_line(line)[1] for line in listing(tools, path)]
+
+
+def test_padding_inserts_nops_that_every_path_into_the_consumer_runs(build_code_object, llvm_tools, tmp_path):
+    src = tmp_path / "src"
+    build_code_object(src / "loop.co", *LOOP)
+    report = translate_tree(src, tmp_path / "dst", jobs=1, pads={"loop.co": [edits.Pad(consumer=4, wait_states=11)]})
+    entry = report["kernels"]["loop.co"]
+    assert entry == {"family": "(top-level)", "status": "written", "code": "padded", "split_mfmas": 0, "nops": 2,
+                     "nops_in_loops": 2, "text_growth_bytes": 8}
+    assert report["padding"] == {"kernels": 1, "nops": 2}
+    lines = [llvm.parse_objdump_line(line) for line in listing(llvm_tools, tmp_path / "dst" / "loop.co")]
+    assert [text for _, text, _ in lines] == [
+        "s_mov_b32 s0, 4", "s_nop 7", "s_nop 2", "v_add_u32_e32 v0, 1, v0", "s_sub_u32 s0, s0, 1",
+        "s_cmp_eq_u32 s0, 0", "s_cbranch_scc0 label_loop", "s_cbranch_execz label_done", "v_mov_b32_e32 v1, v0",
+        "s_endpgm"]
+    loop_start = lines[1][0]
+    branch_address, _, words = lines[6]
+    assert branch_address + 4 + 4 * isa.branch_of(int(words, 16).to_bytes(4, "little"))[1] == loop_start, \
+        "the loop's branch lands on the nops, not past them"
+
+
+def test_split_replaces_each_k32_mfma_by_two_halves_only_when_the_policy_says_so(build_code_object, llvm_tools,
+                                                                                 tmp_path):
+    src = tmp_path / "src"
+    build_code_object(src / "k32.co", "s_mov_b32 s0, 2", "label_loop:", K32, "s_sub_u32 s0, s0, 1",
+                      "s_cmp_eq_u32 s0, 0", "s_cbranch_scc0 label_loop")
+    off = translate_tree(src, tmp_path / "off", jobs=1)
+    assert off["kernels"]["k32.co"]["status"] == "blocked"
+    assert off["kernels"]["k32.co"]["unlocked_by"] == "int8_k32_split"
+    assert off["int8_k32_split"] == {"enabled": False, "kernels_unlocked": 1, "written": 0,
+                                     "manifest_rows_it_would_add": {}}
+    assert not (tmp_path / "off" / "k32.co").exists()
+
+    on = translate_tree(src, tmp_path / "on", jobs=1, policy=Policy(int8_k32_split=True))
+    entry = on["kernels"]["k32.co"]
+    assert (entry["status"], entry["code"], entry["split_mfmas"], entry["text_growth_bytes"]) == ("written", "split",
+                                                                                                   1, 8)
+    assert texts(llvm_tools, tmp_path / "on" / "k32.co")[1:3] == [
+        "v_mfma_i32_16x16x16i8 v[0:3], v4, v6, v[0:3]", "v_mfma_i32_16x16x16i8 v[0:3], v5, v7, v[0:3]"]
+    assert on["int8_k32_split"] == {"enabled": True, "kernels_unlocked": 1, "written": 1}
+
+
+def test_manifests_say_which_rows_the_split_would_add(build_code_object, tmp_path):
+    src = tmp_path / "src"
+    build_code_object(src / "fam" / "k32.co", K32)
+    build_code_object(src / "fam" / "plain.co", "v_mov_b32_e32 v0, v1")
+    (src / "fam" / "kernels.csv").write_text("knl_name,co_name\nk,k32.co\np,plain.co\n")
+    off = translate_tree(src, tmp_path / "off", jobs=1)
+    assert off["int8_k32_split"]["manifest_rows_it_would_add"] == {"fam/kernels.csv": 1}
+    assert (tmp_path / "off" / "fam" / "kernels.csv").read_text() == "knl_name,co_name\np,plain.co\n"
+    on = translate_tree(src, tmp_path / "on", jobs=1, policy=Policy(int8_k32_split=True))
+    assert (tmp_path / "on" / "fam" / "kernels.csv").read_text() == "knl_name,co_name\nk,k32.co\np,plain.co\n"
+    assert on["manifests"]["fam/kernels.csv"] == {"column": "co_name", "kept": 2, "dropped": 0}
+
+
+def test_a_branch_pushed_out_of_the_16_bit_range_is_refused_and_not_written(build_code_object, tmp_path):
+    # s_branch at 0 over 32,767 s_nop dwords lands exactly at the limit; one more wait state before the target
+    # (inserted after the branch, inside its span) would need offset 32,768.
+    src = tmp_path / "src"
+    build_code_object(src / "far.co", "s_branch label_far", ".rept 32767", "s_nop 0", ".endr", "label_far:")
+    report = translate_tree(src, tmp_path / "dst", jobs=1, pads={"far.co": [edits.Pad(consumer=8, wait_states=1)]})
+    entry = report["kernels"]["far.co"]
+    assert entry["status"] == "refused" and "signed 16-bit dword range" in entry["reason"]
+    assert not (tmp_path / "dst" / "far.co").exists()
+
+
+def test_a_pad_that_names_no_instruction_is_refused(build_code_object, tmp_path):
+    src = tmp_path / "src"
+    build_code_object(src / "k.co", "v_mov_b32_e32 v0, v1")
+    report = translate_tree(src, tmp_path / "dst", jobs=1, pads={"k.co": [edits.Pad(consumer=2, wait_states=1)]})
+    assert report["kernels"]["k.co"]["status"] == "refused"
+    assert "no instruction starts there" in report["kernels"]["k.co"]["reason"]
+
+
+@pytest.fixture
+def padded(build_code_object, llvm_tools, tmp_path):
+    """(original bytes, padded gfx90a bytes, its listing, the groups the plan expects) for LOOP padded at 4."""
+    src = tmp_path / "src"
+    original = build_code_object(src / "loop.co", *LOOP).read_bytes()
+    translate_tree(src, tmp_path / "dst", jobs=1, pads={"loop.co": [edits.Pad(consumer=4, wait_states=2)]})
+    new = (tmp_path / "dst" / "loop.co").read_bytes()
+    code = elf.read_code_object(original)
+    chunks = isa.split_instructions(elf.text_of(original, code))
+    gfx942 = llvm.decode(llvm_tools, chunks, "gfx942", 1)
+    groups = [[Expected(text, chunk)] for text, chunk in zip(gfx942, chunks)]
+    groups[1].insert(0, Expected("s_nop 1", bytes.fromhex("010080bf")))
+    groups[4], groups[5] = [1], [7]
+    return original, new, listing(llvm_tools, tmp_path / "dst" / "loop.co"), groups
+
+
+def test_the_proof_accepts_exactly_the_planned_kernel(padded):
+    assert prove(*padded) is None
+
+
+def test_the_proof_catches_a_listing_that_is_not_the_plan(padded):
+    original, new, lines, groups = padded
+    assert "expected 's_nop 2'" in prove(original, new, lines, [[Expected("s_nop 2", bytes.fromhex("020080bf"))]
+                                                                + groups[1][1:] if i == 1 else g
+                                                                for i, g in enumerate(groups)])
+    assert "more instructions than planned" in prove(original, new, lines, groups[:-1])
+    assert "ends inside" in prove(original, new, lines[:-1], groups)
+
+
+def test_the_proof_catches_a_branch_landing_elsewhere(padded):
+    original, new, lines, groups = padded
+    wrong = [g if i != 4 else [2] for i, g in enumerate(groups)]
+    assert "its original target is now at" in prove(original, new, lines, wrong)
+
+
+def test_the_proof_catches_a_changed_descriptor_note_or_symbol(padded):
+    original, new, lines, groups = padded
+    table = elf.sections(new)
+    rodata = next(s for s in table if s.name == ".rodata")
+    note = next(s for s in table if s.name == ".note")
+    for offset, expected in ((rodata.offset + 0x30, "kernel descriptor bytes differ"),
+                             (rodata.offset + 0x10, "kernel_code_entry_byte_offset"),
+                             (note.offset + note.size - 8, "metadata note differs")):
+        changed = bytearray(new)
+        changed[offset] ^= 0x40
+        assert expected in prove(original, bytes(changed), lines, groups)
+    symtab = next(s for s in table if s.type == elf.SHT_SYMTAB)
+    changed = bytearray(new)
+    changed[symtab.offset + 24 + 8] ^= 0x04  # the first symbol's value (label_loop)
+    assert "symbol label_loop" in prove(original, bytes(changed), lines, groups)
+
+
+def test_the_moved_file_says_gfx90a_everywhere(build_code_object, llvm_tools, tmp_path):
+    src = tmp_path / "src"
+    build_code_object(src / "loop.co", *LOOP)
+    translate_tree(src, tmp_path / "dst", jobs=1, pads={"loop.co": [edits.Pad(consumer=4, wait_states=1)]})
+    notes = subprocess.run([llvm_tools.tool("llvm-readelf"), "-h", "--notes", str(tmp_path / "dst" / "loop.co")],
+                           capture_output=True, text=True, check=True).stdout
+    assert "amdgcn-amd-amdhsa--gfx90a" in notes and "gfx942" not in notes
