@@ -84,11 +84,6 @@ def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[t
 
 # --- stage 4: write and prove (runs in worker processes) ------------------------------------------------------------
 
-def objdump_words(encoding: bytes) -> str:
-    """An encoding as llvm-objdump prints it: 32-bit words in upper-case hex, separated by spaces."""
-    return " ".join(f"{int.from_bytes(encoding[i:i + 4], 'little'):08X}" for i in range(0, len(encoding), 4))
-
-
 def _patch(data: bytearray, code_object: elf.CodeObject,
            expected: dict[bytes, tuple[bytes, str, str]]) -> tuple[int, list[str]]:
     """Re-encode in place; returns the number of patched instructions and the expected gfx90a objdump lines."""
@@ -272,7 +267,7 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         elif target != text and aliases[target][0] != chunk:
             analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
         else:
-            head, _, tail = llvm.objdump_line(0, target, objdump_words(encoding)).partition(f"{0:012X}")
+            head, _, tail = llvm.objdump_line(0, target, llvm.objdump_words(encoding)).partition(f"{0:012X}")
             analysis.expected[gid] = (encoding, head, tail)
     analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
     _judge_splits(analysis, tools, jobs)

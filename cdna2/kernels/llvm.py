@@ -178,6 +178,11 @@ def objdump_lines(tools: LlvmTools, paths: list[Path], mcpu: str) -> dict[str, l
     return listings
 
 
+def objdump_words(encoding: bytes) -> str:
+    """An encoding as llvm-objdump prints it: 32-bit words in upper-case hex, separated by spaces."""
+    return " ".join(f"{int.from_bytes(encoding[i:i + 4], 'little'):08X}" for i in range(0, len(encoding), 4))
+
+
 def objdump_line(address: int, text: str, words: str) -> str:
     """An instruction line as llvm-objdump prints it for AMDGPU: tab and text left-justified to 60 columns, then
     `// <address, 12 hex digits>:` and the encoding's 32-bit words."""

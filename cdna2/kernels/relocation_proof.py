@@ -47,21 +47,25 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
     lines = iter(listing)
     mapped: list[int] = []
     branches: list[tuple[int, str, int, int]] = []  # (address, mnemonic, encoded offset, original target index)
+    printed: dict[int, str] = {}  # id of an Expected (shared by every instance of an instruction) -> text|words
     for index, group in enumerate(groups):
         for position, want in enumerate(group):
             line = next(lines, None)
             if line is None:
                 return f"the listing ends inside the group of original instruction {index}"
-            address, text, words = llvm.parse_objdump_line(line)
+            text, _, location = line.rpartition("// ")
+            address_text, _, words = location.partition(": ")
+            address = int(address_text, 16)
             if position == 0:
                 mapped.append(address - new_text.address)
             if isinstance(want, int):
                 found = isa.branch_of(_words(words))
                 if found is None:
-                    return f"{address:#x}: {text!r} stands where original instruction {index}, a branch, belongs"
+                    return f"{address:#x}: {text.strip()!r} stands where original instruction {index}, a branch, belongs"
                 branches.append((address, found[0], found[1], want))
-            elif (llvm.normalised(text), _words(words)) != (llvm.normalised(want.text), want.encoding):
-                return f"{address:#x}: expected {want.text!r} ({want.encoding.hex()}), found {text!r} ({words})"
+            elif f"{text.strip()}|{words.strip()}" != (printed.get(id(want)) or printed.setdefault(
+                    id(want), f"{want.text.strip()}|{llvm.objdump_words(want.encoding)}")):
+                return f"{address:#x}: expected {want.text!r} ({want.encoding.hex()}), found {text.strip()!r} ({words})"
     if (extra := next(lines, None)) is not None:
         return f"the listing has more instructions than planned, from {extra.strip()!r}"
     mapped.append(new_text.size)
