@@ -53,7 +53,7 @@ actions = getattr(wheel_plan, "actions", ())
 reinstalled = sorted({action.package for action in actions} & set(catalog.packages()))
 requirements = [action.requirement for action in actions]
 kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
-tree = translated_tree_for(host, probe) if kernels == PROCEED and "amd-aiter" not in reinstalled else None
+tree = translated_tree_for(host, probe, data.int8_k32_split) if kernels == PROCEED and "amd-aiter" not in reinstalled else None
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None

@@ -2,7 +2,7 @@
 
 The cache (``<cache>/kernels``) holds, per source digest (the probe's RECORD digest of ``hsa/gfx942``):
 ``sources/<digest>/gfx942`` the source tree, fetched once from a host that has it, and ``translated/<digest>/``
-the gfx90a tree with its translation report; plus ``archives/<output digest>.tar.gz``, the deterministic archive
+the gfx90a tree with its translation report (``translated/<digest>-int8-k32-split/`` under that policy); plus ``archives/<output digest>.tar.gz``, the deterministic archive
 that hosts receive. Translation runs as ``python -m cdna2 translate`` in a child process, whose own cache makes a
 repeated translation of the same inputs cost no LLVM work.
 """
@@ -25,7 +25,7 @@ import yaml
 from cdna2.archive import tree_archive
 from cdna2.host.kernels import safe_extract
 from cdna2.host.probe import file_sha256, tree_digest
-from cdna2.kernels import cache_key, find_llvm
+from cdna2.kernels import Policy, cache_key, find_llvm
 from cdna2.host.state import write_file_atomically
 from cdna2.schema import first_violation
 
@@ -108,24 +108,26 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
     return source
 
 
-def _memo_key(source_digest: str) -> str:
+def _memo_key(source_digest: str, int8_k32_split: bool) -> str:
     """What the translated tree depends on: what the engine's translation does, and the adaptations."""
     adaptations = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE).read_bytes()
-    parts = (cache_key(source_digest, find_llvm()), hashlib.sha256(adaptations).hexdigest())
+    parts = (cache_key(source_digest, find_llvm(), Policy(int8_k32_split=int8_k32_split)),
+             hashlib.sha256(adaptations).hexdigest())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 def ensure_translation(cache: Path, source_digest: str, source: Path,
-                       progress: Callable[[str], None] = lambda line: None) -> TranslatedTree:
+                       progress: Callable[[str], None] = lambda line: None,
+                       int8_k32_split: bool = False) -> TranslatedTree:
     """Translate ``source`` (cached by the engine) and archive the result once per output digest.
 
     The result is remembered per source digest with everything it depends on, so a run that finds it needs no
     translator process at all.
     """
-    out_dir = cache / "translated" / source_digest
+    out_dir = cache / "translated" / (source_digest + ("-int8-k32-split" if int8_k32_split else ""))
     out_dir.mkdir(parents=True, exist_ok=True)
     memo_path, report_path = out_dir / "tree.json", out_dir / "report.json"  # report.json: the engine's report
-    key = _memo_key(source_digest)
+    key = _memo_key(source_digest, int8_k32_split)
     memo = json.loads(memo_path.read_text()) if memo_path.exists() else None
     if memo and memo["key"] == key and Path(memo["archive"]).is_file():
         progress(f"translated gfx942 tree {source_digest[:12]} taken from the controller cache")
@@ -133,7 +135,8 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
         return TranslatedTree(**dict(fields, archive=Path(fields["archive"]), adaptations=tuple(fields["adaptations"]),
                                      invalidates=tuple(fields["invalidates"])))
     command = [sys.executable, "-m", "cdna2", "translate", str(source), str(out_dir / "gfx90a"),
-               "--report", str(report_path), "--cache", str(cache / "engine")]
+               "--report", str(report_path), "--cache", str(cache / "engine")] + (
+                   ["--int8-k32-split"] if int8_k32_split else [])
     progress(f"translating gfx942 tree {source_digest[:12]} ({' '.join(command[1:4])} ...)")
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:

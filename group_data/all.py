@@ -17,6 +17,10 @@ state_dir = "/var/lib/cdna2"
 # Install the translated gfx90a kernel tree on gfx90a hosts.
 translate_kernels = True
 
+# Also install the kernels whose only gfx90a blocker is an int8 K=32 MFMA, each such MFMA split into two gfx90a
+# K=16 MFMAs (exact, but 4x the gfx942 cycles): off until measured on an MI210.
+int8_k32_split = False
+
 # Patch AITER's and vLLM's arch gates on gfx90a hosts (the required patch sets).
 apply_patches = True
 

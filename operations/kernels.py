@@ -15,8 +15,8 @@ from operations.agent import agent_command, lease_command
 
 # One translation per source digest per run, however many hosts share it: deploy.py runs once per host, in
 # parallel greenlets, and the first host with a given tree does the work while the others wait for it.
-_translation_locks: dict[str, threading.Lock] = {}
-_translations: dict[str, TranslatedTree] = {}
+_translation_locks: dict[tuple[str, bool], threading.Lock] = {}
+_translations: dict[tuple[str, bool], TranslatedTree] = {}
 
 
 def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
@@ -39,17 +39,19 @@ def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
         source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote)))
 
 
-def translated_tree_for(source_host: Host, probe: dict) -> TranslatedTree:
-    """The translation of this host's gfx942 tree, from the controller's cache or made now."""
+def translated_tree_for(source_host: Host, probe: dict, int8_k32_split: bool = False) -> TranslatedTree:
+    """The translation of this host's gfx942 tree under its policy, from the controller's cache or made now."""
     digest = probe["aiter"]["gfx942_record_digest"]
-    with _translation_locks.setdefault(digest, threading.Lock()):
-        if digest not in _translations:
+    key = (digest, int8_k32_split)
+    with _translation_locks.setdefault(key, threading.Lock()):
+        if key not in _translations:
             cache = cache_root() / "kernels"
             source = ensure_source(cache, digest,
                                    lambda archive: fetch_gfx942_tree(source_host, probe["aiter"]["hsa_root"], archive))
-            _translations[digest] = ensure_translation(
-                cache, digest, source, progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
-    return _translations[digest]
+            _translations[key] = ensure_translation(
+                cache, digest, source, progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"),
+                int8_k32_split=int8_k32_split)
+    return _translations[key]
 
 
 @operation()

@@ -1,8 +1,8 @@
 """Kernel translation engine: AITER's gfx942 code objects re-encoded for gfx90a, proven, with pruned manifests."""
 
-from cdna2.kernels.engine import (LIMITATIONS, TRANSLATOR_VERSION, TranslationError, cache_key, classify_tree,
-                                  translate_tree)
+from cdna2.kernels.engine import (LIMITATIONS, TRANSLATOR_VERSION, Policy, TranslationError, cache_key,
+                                  classify_tree, translate_tree)
 from cdna2.kernels.llvm import LlvmNotFoundError, LlvmTools, find_llvm
 
-__all__ = ["LIMITATIONS", "TRANSLATOR_VERSION", "LlvmNotFoundError", "LlvmTools", "TranslationError",
+__all__ = ["LIMITATIONS", "TRANSLATOR_VERSION", "LlvmNotFoundError", "LlvmTools", "Policy", "TranslationError",
            "cache_key", "classify_tree", "find_llvm", "translate_tree"]

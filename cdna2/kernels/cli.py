@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from cdna2.host.state import write_file_atomically
-from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
+from cdna2.kernels.engine import Policy, TranslationError, classify_tree, translate_tree
 from cdna2.kernels.isa import BUCKET_NAMES
 from cdna2.kernels.llvm import LlvmNotFoundError, LlvmOutputError
 
@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     translate.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     translate.add_argument("--report", type=Path, metavar="FILE.json", help="write the JSON report here")
     translate.add_argument("--cache", type=Path, metavar="DIR", help="content-addressed cache of translated trees")
+    translate.add_argument("--int8-k32-split", action="store_true",
+                           help="also write the kernels whose only blocker is an int8 K=32 MFMA, each split in two")
     translate.set_defaults(func=run_translate)
 
     classify = subparsers.add_parser("classify", help="why each gfx942 kernel is or is not portable to gfx90a",
@@ -60,8 +62,36 @@ def _errors(report: dict) -> list[str]:
             if entry["status"] in ("error", "skipped")]
 
 
+def code_summary(report: dict) -> list[str]:
+    """How the written kernels were made (in place, split, padded), what was refused and why, what the split would
+    add when it is off."""
+    kernels = report["kernels"].values()
+    written = [entry for entry in kernels if entry["status"] == "written"]
+    made = {code: [e for e in written if e.get("code") == code] for code in sorted({e.get("code") for e in written})}
+    parts = []
+    for code, entries in made.items():
+        detail = []
+        if any(e.get("split_mfmas") for e in entries):
+            detail.append(f"{sum(e['split_mfmas'] for e in entries)} MFMAs split")
+        if any(e.get("nops") for e in entries):
+            detail.append(f"{sum(e['nops'] for e in entries)} s_nop added, "
+                          f"{sum(e['nops_in_loops'] for e in entries)} inside loops")
+        parts.append(f"{len(entries)} {code}" + (f" ({'; '.join(detail)})" if detail else ""))
+    lines = [f"written: {', '.join(parts) or 'none'}"]
+    lines += [f"refused  {relpath}: {entry['reason']}" for relpath, entry in report["kernels"].items()
+              if entry["status"] == "refused"]
+    split = report["int8_k32_split"]
+    if not split["enabled"] and split["kernels_unlocked"]:
+        rows = split["manifest_rows_it_would_add"]
+        lines.append(f"int8_k32_split is off: it would add {split['kernels_unlocked']} kernels and "
+                     f"{sum(rows.values())} manifest rows ({', '.join(f'{m} +{n}' for m, n in sorted(rows.items()))})")
+    return lines
+
+
 def _summary(report: dict) -> str:
     lines = [family_table(report), ""]
+    if report["command"] == "translate":
+        lines += code_summary(report)
     lines += [f"error  {line}" for line in _errors(report)]
     if "manifest_rows" in report:
         lines.append(f"manifests: {report['manifest_rows']['kept']} rows kept, "
@@ -88,8 +118,9 @@ def _run(command: str, produce: Callable[[], dict], json_path: Path | None) -> i
 
 
 def run_translate(args: argparse.Namespace) -> int:
+    policy = Policy(int8_k32_split=args.int8_k32_split)
     return _run("translate", lambda: translate_tree(args.src, args.dst, jobs=args.jobs, cache_dir=args.cache,
-                                                    progress=_progress), args.report)
+                                                    progress=_progress, policy=policy), args.report)
 
 
 def run_classify(args: argparse.Namespace) -> int:

@@ -7,10 +7,12 @@ import subprocess
 
 import pytest
 
+from cdna2.__main__ import main as cdna2_main
 from cdna2.host import elf
 from cdna2.kernels import edits, isa, llvm, translate_tree
 from cdna2.kernels.engine import Policy
 from cdna2.kernels.relocation_proof import Expected, prove
+from cdna2.translated import ensure_translation
 
 # Offsets in .text (all instructions here are 4 or 8 bytes): 0 s_mov, 4 v_add (loop start), 8 s_sub, 0xc s_cmp,
 # 0x10 s_cbranch_scc0 (back to 4), 0x14 s_cbranch_execz (forward to 0x1c), 0x18 v_mov, 0x1c s_endpgm.
@@ -66,6 +68,20 @@ def test_split_replaces_each_k32_mfma_by_two_halves_only_when_the_policy_says_so
     assert texts(llvm_tools, tmp_path / "on" / "k32.co")[1:3] == [
         "v_mfma_i32_16x16x16i8 v[0:3], v4, v6, v[0:3]", "v_mfma_i32_16x16x16i8 v[0:3], v5, v7, v[0:3]"]
     assert on["int8_k32_split"] == {"enabled": True, "kernels_unlocked": 1, "written": 1}
+
+
+def test_cli_says_how_each_kernel_was_made_and_what_the_split_would_add(build_code_object, tmp_path, capsys):
+    src = tmp_path / "src"
+    build_code_object(src / "fam" / "k32.co", K32)
+    build_code_object(src / "fam" / "plain.co", "v_mov_b32_e32 v0, v1")
+    (src / "fam" / "kernels.csv").write_text("knl_name,co_name\nk,k32.co\np,plain.co\n")
+    assert cdna2_main(["translate", str(src), str(tmp_path / "off"), "--jobs", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "written: 1 in place" in printed
+    assert "int8_k32_split is off: it would add 1 kernels and 1 manifest rows (fam/kernels.csv +1)" in printed
+    assert cdna2_main(["translate", str(src), str(tmp_path / "on"), "--jobs", "1", "--int8-k32-split"]) == 0
+    assert "written: 1 in place, 1 split (1 MFMAs split)" in capsys.readouterr().out
+    assert (tmp_path / "on" / "fam" / "k32.co").is_file()
 
 
 def test_manifests_say_which_rows_the_split_would_add(build_code_object, tmp_path):
@@ -159,3 +175,15 @@ def test_the_moved_file_says_gfx90a_everywhere(build_code_object, llvm_tools, tm
     notes = subprocess.run([llvm_tools.tool("llvm-readelf"), "-h", "--notes", str(tmp_path / "dst" / "loop.co")],
                            capture_output=True, text=True, check=True).stdout
     assert "amdgcn-amd-amdhsa--gfx90a" in notes and "gfx942" not in notes
+
+
+def test_the_deploy_translation_follows_the_hosts_int8_k32_split(build_code_object, tmp_path):
+    src = tmp_path / "gfx942"
+    build_code_object(src / "k32.co", K32)
+    build_code_object(src / "plain.co", "v_mov_b32_e32 v0, v1")
+    cache = tmp_path / "cache"
+    off = ensure_translation(cache, "d" * 64, src)
+    on = ensure_translation(cache, "d" * 64, src, int8_k32_split=True)
+    assert (off.kernels, on.kernels) == (1, 2)
+    assert off.digest != on.digest and off.archive != on.archive
+    assert ensure_translation(cache, "d" * 64, src) == off, "each policy keeps its own cached translation"
