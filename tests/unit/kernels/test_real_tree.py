@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from collections import Counter
 import subprocess
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from cdna2.host.probe import tree_digest
 from cdna2.host import manifest
-from cdna2.kernels import translate_tree
+from cdna2.kernels import Policy, translate_tree
 from lab import wheelhouse
 
 # Measured with LLVM 22.1.8 (translator version 1): 178 of 1,281 code objects are portable.
@@ -51,3 +52,27 @@ def test_real_tree_translates_consistently_and_caches(real_source, tmp_path, llv
     cached = translate_tree(real_source, tmp_path / "third" / "gfx90a", cache_dir=cache)
     assert cached["cache"]["status"] == "hit"
     assert tree_digest(tmp_path / "third" / "gfx90a") == first["output_digest"]
+
+
+# Measured with LLVM 22.1.8: 243 kernels have int8 K=32 MFMAs as their only blocker (fmoe 186, fmoe_2stages 40,
+# pa 12, top level 5, one of them with the 32x32x16 form), and the split rule handles every instance.
+EXPECTED_SPLIT = 243
+
+
+@pytest.mark.slow
+def test_real_tree_with_the_int8_k32_split_writes_every_unlocked_kernel_with_its_proof(real_source, tmp_path):
+    dst = tmp_path / "gfx90a"
+    report = translate_tree(real_source, dst, policy=Policy(int8_k32_split=True))
+    assert report["counts"] == {"code_objects": EXPECTED_CODE_OBJECTS, "written": EXPECTED_WRITTEN + EXPECTED_SPLIT,
+                                "blocked": EXPECTED_CODE_OBJECTS - EXPECTED_WRITTEN - EXPECTED_SPLIT}
+    split = {relpath: entry for relpath, entry in report["kernels"].items() if entry.get("code") == "split"}
+    assert len(split) == EXPECTED_SPLIT == report["int8_k32_split"]["written"]
+    assert all(entry["split_mfmas"] > 0 and entry["text_growth_bytes"] == 8 * entry["split_mfmas"]
+               for entry in split.values()), "each split adds one 8-byte MFMA"
+    assert len(list(dst.rglob("*.co"))) == EXPECTED_WRITTEN + EXPECTED_SPLIT
+    csvs = [p.relative_to(dst).as_posix() for p in dst.rglob("*.csv")]
+    assert not any(manifest.dangling_rows(dst, csv) for csv in csvs)
+    families = Counter(entry["family"] for entry in split.values())
+    assert families == {"fmoe": 186, "fmoe_2stages": 40, "pa": 12, "(top-level)": 5}
+    # 16 rows are kept without the split; the split adds 144 (fmoe int8 17+30+17+28, fmoe_2stages 40, pa 12).
+    assert report["manifest_rows"]["kept"] == 16 + 144
