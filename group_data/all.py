@@ -17,6 +17,11 @@ state_dir = "/var/lib/cdna2"
 # Install the translated gfx90a kernel tree on gfx90a hosts.
 translate_kernels = True
 
+# Which translated kernels to install, by their MFMA wait-state audit (cdna2/kernels/hazards.py): "default" leaves
+# out kernels short of gfx90a's wait states in straight-line code and lists those short only across branches;
+# "strict" installs only kernels with no short edge; "permissive" installs all and says so on every report.
+kernel_hazard_policy = "default"
+
 # Patch AITER's and vLLM's arch gates on gfx90a hosts (the required patch sets).
 apply_patches = True
 
