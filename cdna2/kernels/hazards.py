@@ -387,11 +387,10 @@ class _Walker:
 
     MAX_PASSES = 4
 
-    def __init__(self, listing: list[tuple[int, int, str]], target: str, audit: KernelAudit):
+    def __init__(self, addresses: list[int], texts: list[str], target: str, audit: KernelAudit):
         self.target, self.audit = target, audit
-        self.addresses = [address for address, _, _ in listing]
-        self.texts = [text for _, _, text in listing]
-        self.ins: list[Instruction] = [parse(text) for text in self.texts]
+        self.addresses, self.texts = addresses, texts
+        self.ins: list[Instruction] = list(map(parse, texts))
         for index, facts in enumerate(self.ins):
             if facts.__class__ is str:
                 audit.unparsed.append((self.addresses[index], self.texts[index], facts))
@@ -543,22 +542,45 @@ class _Walker:
                 return
 
     def _check_mfma(self, i: int, facts: Instruction, paths: list[list], first: bool) -> None:
-        here = self.pos[i]
+        here, ins = self.pos[i], self.ins
         for operand, register in enumerate(facts.srcs):
             if register is None:
                 continue
             for path in paths:
-                hit = self._nearest_write(here, path, register)
-                if hit:
-                    j, present, path_class = hit
-                    rule = SRC_AB if operand < 2 else (SRCC_EXACT if self.ins[j].dst == register else SRCC_OVERLAP)
-                    self._record(j, i, rule, path_class, present, register)
+                for j, end, path_class in reversed(path):
+                    present = here - end
+                    if present >= MAX_LOOKBACK:
+                        break
+                    dst = ins[j].dst
+                    if dst[0] <= register[1] and register[0] <= dst[1]:
+                        rule = SRC_AB if operand < 2 else (SRCC_EXACT if dst == register else SRCC_OVERLAP)
+                        self._record(j, i, rule, path_class, present, register)
+                        break
         if first:  # VALU producers are found by a backward search, which does not depend on the pass
             self._valu_producers(i, facts)
 
     def _valu_producers(self, i: int, consumer: Instruction) -> None:
         """The nearest VALU (not MFMA, not DOT) on each path writing each MFMA source (2) or EXEC (4)."""
-        ins = self.ins
+        ins, sources = self.ins, self.sources
+        if i >= 4 and not any(k in sources for k in range(i - 3, i + 1)) and not any(
+                ins[k].flow for k in range(i - 4, i)):
+            # Straight-line code for the 4 instructions before (4 wait states at the least): one path.
+            wanted, exec_wanted, distance = list(consumer.reads), True, 0
+            for p in range(i - 1, i - 5, -1):
+                facts = ins[p]
+                if facts.legacy_valu:
+                    if distance < 2 and wanted:
+                        for register in list(wanted):
+                            if any(_overlaps(written, register) for written in facts.writes):
+                                self._record(p, i, VALU_WRITE, STRAIGHT, distance, register)
+                                wanted.remove(register)
+                    if exec_wanted and facts.writes_exec:
+                        self._record(p, i, EXEC_WRITE, STRAIGHT, distance, None)
+                        exec_wanted = False
+                distance += facts.ws
+                if distance >= 4 or (distance >= 2 and not exec_wanted):
+                    return
+            return
         stack = [(i, 0, STRAIGHT, consumer.reads, True)]
         while stack:
             k, distance, path_class, wanted, exec_wanted = stack.pop()
@@ -627,10 +649,16 @@ def audit_listing(listing: Iterable[tuple[int, int, str]], target: str = "gfx90a
     """Audit one kernel's instructions, (address, size, text) in address order, under `target`'s MFMA rules."""
     if target not in TARGETS:
         raise ValueError(f"unknown target {target!r}: the audit knows {', '.join(TARGETS)}")
+    listing = list(listing)
+    return _audit([address for address, _, _ in listing], [text for _, _, text in listing], target)
+
+
+def _audit(addresses: list[int], texts: list[str], target: str) -> KernelAudit:
     audit = KernelAudit(target=target)
-    walker = _Walker(list(listing), target, audit)
-    walker.run()
-    walker.edges()
+    walker = _Walker(addresses, texts, target, audit)
+    if audit.mfmas:  # without an MFMA there is no dependency to check
+        walker.run()
+        walker.edges()
     return audit
 
 
@@ -664,9 +692,7 @@ def audit_batch(src_root: str, relpaths: list[str], texts: dict[bytes, str], tar
     for relpath in relpaths:
         data = Path(src_root, relpath).read_bytes()
         code_object = elf.read_code_object(data)
-        address, listing = code_object.text_address, []
-        for chunk in isa.split_instructions(elf.text_of(data, code_object)):
-            listing.append((address, len(chunk), texts[chunk]))
-            address += len(chunk)
-        results.append((relpath, audit_listing(listing, target).to_json()))
+        chunks = isa.split_instructions(elf.text_of(data, code_object))
+        addresses = list(accumulate(map(len, chunks), initial=code_object.text_address))
+        results.append((relpath, _audit(addresses, list(map(texts.__getitem__, chunks)), target).to_json()))
     return results
