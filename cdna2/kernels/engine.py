@@ -116,11 +116,12 @@ def _patch(data: bytearray, code_object: elf.CodeObject,
 
 
 def _same_branch(expected: str, actual: str) -> bool:
-    """objdump names a branch target by its label where llvm-mc prints the offset: same address, same bytes and
-    the same branch mnemonic are the same instruction."""
+    """objdump names a branch target by its label where llvm-mc prints the offset, or appends it as
+    ``<symbol+offset>``: same address, same bytes and the same branch mnemonic are the same instruction."""
     want, got = llvm.parse_objdump_line(expected), llvm.parse_objdump_line(actual)
     name = isa.mnemonic(want[1])
-    return (want[0], want[2]) == (got[0], got[2]) and name == isa.mnemonic(got[1]) and name.startswith(BRANCH_PREFIXES)
+    return ((want[0], want[2]) == (got[0], got[2].split(" <", 1)[0]) and name == isa.mnemonic(got[1])
+            and name.startswith(BRANCH_PREFIXES))
 
 
 def _prove(expected: list[str], actual: list[str]) -> str | None:
