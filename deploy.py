@@ -22,6 +22,7 @@ from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import HostProbe
+from cdna2.kernels import Policy as KernelPolicy
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import load_data_files, validate_inventory
@@ -53,7 +54,10 @@ actions = getattr(wheel_plan, "actions", ())
 reinstalled = sorted({action.package for action in actions} & set(catalog.packages()))
 requirements = [action.requirement for action in actions]
 kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
-tree = translated_tree_for(host, probe, data.int8_k32_split) if kernels == PROCEED and "amd-aiter" not in reinstalled else None
+tree = (translated_tree_for(host, probe, KernelPolicy(hazards=data.kernel_hazard_policy,
+                                                    pad_mfma_hazards=data.pad_mfma_hazards,
+                                                    int8_k32_split=data.int8_k32_split))
+        if kernels == PROCEED and "amd-aiter" not in reinstalled else None)
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
@@ -97,7 +101,14 @@ else:
     # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
     if tree is not None:
         report.step(host.name, "kernels", PLANNED if needs_upload else UNCHANGED,
-                    f"{tree.kernels} kernels, tree {tree.digest[:12]}")
+                    f"{tree.kernels} kernels, tree {tree.digest[:12]}; {tree.hazard_summary()}")
+        report.host(host.name).details["kernels"] = {"hazard_policy": tree.hazard_policy,
+                                                     "hazard_audit_version": tree.hazard_audit_version,
+                                                     "hazard_verdicts": tree.hazard_verdicts, "withheld": tree.withheld}
+        if tree.hazard_policy == "permissive":
+            report.host(host.name).notes.append(
+                f"kernel_hazard_policy permissive: {tree.hazard_verdicts['short-straight-line']} kernels short of "
+                "gfx90a's MFMA wait states in straight-line code are installed")
         if needs_upload:
             translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
                                hsa_root=probe["aiter"]["hsa_root"], installed_digest=probe["aiter"]["gfx90a_digest"],
@@ -133,7 +144,8 @@ else:
 
     # 7. Prove it on gfx90a hosts, once per state they are left in. Without a gfx90a device the GPU checks say
     #    "skipped", never "passed".
-    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets)
+    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
+                               tree and {"policy": tree.hazard_policy, "audit_version": tree.hazard_audit_version})
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
     elif skip_patches or reinstalled:

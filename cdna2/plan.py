@@ -58,14 +58,20 @@ def installed_versions(probe: dict[str, Any]) -> dict[str, str | None]:
 
 
 def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_digest: str | None,
-                    patch_sets: dict[str, list[str]]) -> dict[str, Any]:
-    """What a host holds once this run's plan is carried out: verify compares later probes with it."""
+                    patch_sets: dict[str, list[str]], kernel_hazards: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a host holds once this run's plan is carried out: verify compares later probes with it.
+
+    ``kernel_hazards``: the kernel hazard policy and audit version the installed kernel tree was made under.
+    """
     versions = installed_versions(probe)
     for requirement in requirements:
         name, _, version = requirement.partition("==")
         if name in versions and version:
             versions[name] = version
-    return {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+    record = {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+    if kernel_hazards is not None:
+        record["kernel_hazards"] = kernel_hazards
+    return record
 
 
 def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: int) -> str | None:

@@ -17,6 +17,15 @@ state_dir = "/var/lib/cdna2"
 # Install the translated gfx90a kernel tree on gfx90a hosts.
 translate_kernels = True
 
+# Which translated kernels to install, by their MFMA wait-state audit (cdna2/kernels/hazards.py): "default" leaves
+# out kernels short of gfx90a's wait states in straight-line code and lists those short only across branches;
+# "strict" installs only kernels with no short edge; "permissive" installs all and says so on every report.
+kernel_hazard_policy = "default"
+
+# Pad each short MFMA edge the audit finds with exactly the missing wait states (s_nop before the consumer, the
+# kernel re-assembled and proven), so kernel_hazard_policy judges kernels that are clean under LLVM's gfx90a rules.
+pad_mfma_hazards = True
+
 # Also install the kernels whose only gfx90a blocker is an int8 K=32 MFMA, each such MFMA split into two gfx90a
 # K=16 MFMAs (exact, but 4x the gfx942 cycles): off until measured on an MI210.
 int8_k32_split = False

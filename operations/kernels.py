@@ -10,13 +10,14 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from pyinfra.api.host import Host
 
 from cdna2.cache import cache_root
+from cdna2.kernels import Policy
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
 from operations.agent import agent_command, lease_command
 
-# One translation per source digest per run, however many hosts share it: deploy.py runs once per host, in
-# parallel greenlets, and the first host with a given tree does the work while the others wait for it.
-_translation_locks: dict[tuple[str, bool], threading.Lock] = {}
-_translations: dict[tuple[str, bool], TranslatedTree] = {}
+# One translation per source digest and kernel policy per run, however many hosts share it: deploy.py runs once
+# per host, in parallel greenlets, and the first host with a given tree does the work while the others wait.
+_translation_locks: dict[tuple[str, object], threading.Lock] = {}
+_translations: dict[tuple[str, Policy], TranslatedTree] = {}
 
 
 def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
@@ -39,19 +40,20 @@ def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
         source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote)))
 
 
-def translated_tree_for(source_host: Host, probe: dict, int8_k32_split: bool = False) -> TranslatedTree:
-    """The translation of this host's gfx942 tree under its policy, from the controller's cache or made now."""
+def translated_tree_for(source_host: Host, probe: dict, policy: Policy) -> TranslatedTree:
+    """The translation of this host's gfx942 tree under its kernel ``policy``, from the controller's cache or made
+    now."""
     digest = probe["aiter"]["gfx942_record_digest"]
-    key = (digest, int8_k32_split)
-    with _translation_locks.setdefault(key, threading.Lock()):
-        if key not in _translations:
+    with _translation_locks.setdefault((digest, policy), threading.Lock()):
+        if (digest, policy) not in _translations:
             cache = cache_root() / "kernels"
-            source = ensure_source(cache, digest,
-                                   lambda archive: fetch_gfx942_tree(source_host, probe["aiter"]["hsa_root"], archive))
-            _translations[key] = ensure_translation(
-                cache, digest, source, progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"),
-                int8_k32_split=int8_k32_split)
-    return _translations[key]
+            with _translation_locks.setdefault((digest, ""), threading.Lock()):  # one fetch per source tree
+                source = ensure_source(cache, digest, lambda archive: fetch_gfx942_tree(
+                    source_host, probe["aiter"]["hsa_root"], archive))
+            _translations[digest, policy] = ensure_translation(
+                cache, digest, source, policy,
+                progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
+    return _translations[digest, policy]
 
 
 @operation()
@@ -79,7 +81,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
 
         translated_kernels(
             name="kernels: hsa/gfx90a holds the translated tree",
-            tree=translated_tree_for(host, probe),
+            tree=translated_tree_for(host, probe, Policy()),
             hsa_root=probe["aiter"]["hsa_root"],
             installed_digest=probe["aiter"]["gfx90a_digest"],
             site_packages="/opt/venv/lib/python3.11/site-packages",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.host import elf
-from cdna2.kernels import isa, llvm, reassemble
+from cdna2.kernels import hazards, isa, llvm, reassemble
 from cdna2.kernels.relocation_proof import Expected, prove
 
 MAX_NOP_WAIT_STATES = 8  # one s_nop N waits N+1 states; LLVM emits at most s_nop 7 (SIInstrInfo::insertNoops)
@@ -45,6 +45,10 @@ class Moved:
     nops: int = 0
     nops_in_loops: int = 0
     text_growth: int = 0  # bytes
+    audit: dict | None = None  # the hazard audit of the written file (hazards.KernelAudit.to_json)
+
+
+MAX_PADDING_ROUNDS = 4  # a pad lengthens other edges, never shortens one: one round settles all but rare cases
 
 
 def _in_loop(index: int, targets: dict[int, int]) -> bool:
@@ -52,34 +56,103 @@ def _in_loop(index: int, targets: dict[int, int]) -> bool:
     return any(branch >= index >= target for branch, target in targets.items() if target <= branch)
 
 
-def _plan(instructions: list[bytes], starts: list[int], targets: dict[int, int],
-          halves: dict[bytes, tuple[Expected, Expected]], pads: list[Pad],
-          moved: Moved) -> tuple[list[reassemble.Edit], dict[int, list[Expected]], dict[int, list[Expected]]]:
-    """The edits, and what each edited instruction's group holds: the inserted and the replacing instructions."""
-    index_of = {start: i for i, start in enumerate(starts[:-1])}
-    needed: dict[int, int] = {}
-    for pad in pads:
-        if pad.consumer not in index_of:
-            raise reassemble.ReassemblyError(f"pad at .text+{pad.consumer:#x}: no instruction starts there")
-        needed[index_of[pad.consumer]] = max(needed.get(index_of[pad.consumer], 0), pad.wait_states)
-    edits, inserted, replaced = [], {}, {}
-    for index, wait_states in sorted(needed.items()):
-        inserted[index] = nops(wait_states)
-        edits.append(reassemble.Edit(index, "insert", tuple(e.text for e in inserted[index])))
-        moved.nops += len(inserted[index])
-        moved.nops_in_loops += len(inserted[index]) if _in_loop(index, targets) else 0
-    for index, chunk in enumerate(instructions):
-        if chunk in halves:
-            replaced[index] = list(halves[chunk])
-            edits.append(reassemble.Edit(index, "replace", tuple(e.text for e in replaced[index])))
-            moved.split_mfmas += 1
-    return edits, inserted, replaced
+class _Kernel:
+    """One kernel's original instructions and what the plan does with them."""
+
+    def __init__(self, instructions: list[bytes], expected: dict[bytes, Expected],
+                 halves: dict[bytes, tuple[Expected, Expected]]):
+        self.instructions = instructions
+        self.starts = [0]
+        for chunk in instructions:
+            self.starts.append(self.starts[-1] + len(chunk))
+        self.targets = reassemble.branch_targets(instructions, self.starts)
+        self.expected = expected
+        self.replaced = {i: list(halves[chunk]) for i, chunk in enumerate(instructions) if chunk in halves}
+        self.wait_states: dict[int, int] = {}  # original instruction index -> wait states inserted before it
+
+    def pad(self, consumer_offset: int, wait_states: int) -> None:
+        index = self.starts.index(consumer_offset) if consumer_offset in self.starts[:-1] else None
+        if index is None:
+            raise reassemble.ReassemblyError(f"pad at .text+{consumer_offset:#x}: no instruction starts there")
+        self.wait_states[index] = max(self.wait_states.get(index, 0), wait_states)
+
+    def group(self, index: int) -> list[Expected | int]:
+        """What stands for original instruction `index`: inserted nops, then its halves, its branch (as the index
+        of its target) or itself."""
+        chunk = self.instructions[index]
+        body = self.replaced.get(index) or [self.targets[index] if index in self.targets else self.expected[chunk]]
+        return nops(self.wait_states.get(index, 0)) + body
+
+    def layout(self) -> tuple[list[tuple[int, int, str]], list[int]]:
+        """The planned listing as the hazard audit reads it, (offset, size, text), and the original instruction
+        each line belongs to."""
+        groups = [self.group(i) for i in range(len(self.instructions))]
+        group_starts, address = [], 0
+        for group in groups:
+            group_starts.append(address)
+            address += sum(4 if isinstance(g, int) else len(g.encoding) for g in group)
+        listing, owner = [], []
+        for index, group in enumerate(groups):
+            address = group_starts[index]
+            for item in group:
+                if isinstance(item, int):
+                    offset = (group_starts[item] - address - 4) // 4
+                    if not isa.BRANCH_RANGE[0] <= offset <= isa.BRANCH_RANGE[1]:
+                        raise reassemble.ReassemblyError(
+                            f"a branch would leave the signed 16-bit dword range once the code moves: the one at "
+                            f".text+{self.starts[index]:#x} would need an offset of {offset} dwords")
+                    text = f"{isa.branch_of(self.instructions[index])[0]} {offset & 0xFFFF}"
+                    listing.append((address, 4, text))
+                    address += 4
+                else:
+                    listing.append((address, len(item.encoding), item.text))
+                    address += len(item.encoding)
+                owner.append(index)
+        return listing, owner
+
+    def pad_short_edges(self) -> None:
+        """Insert before each consumer of a short MFMA edge the wait states missing on the planned listing (the
+        largest shortfall among its edges, on every path class), until the audit finds none."""
+        for _ in range(MAX_PADDING_ROUNDS):
+            listing, owner = self.layout()
+            try:
+                audit = hazards.audit_listing(listing)
+            except hazards.UnparsedError as error:
+                raise reassemble.ReassemblyError(f"the hazard audit of the planned listing did not finish: {error}")
+            if audit.verdict == hazards.UNAUDITED:
+                found = audit.to_json()
+                raise reassemble.ReassemblyError("the hazard audit cannot read the planned listing, so it cannot be "
+                                                 f"padded: {(found['unparsed'] + found['unresolved_branches'])[:1]}")
+            if not audit.short_edges:
+                return
+            line_of = {address: k for k, (address, _, _) in enumerate(listing)}
+            missing: dict[int, int] = {}
+            for edge in audit.short_edges:
+                index = owner[line_of[edge.consumer_address]]
+                missing[index] = max(missing.get(index, 0), edge.needed - edge.present)
+            for index, count in missing.items():
+                self.wait_states[index] = self.wait_states.get(index, 0) + count
+        raise reassemble.ReassemblyError(f"padding did not settle within {MAX_PADDING_ROUNDS} rounds")
+
+    def edits(self) -> list[reassemble.Edit]:
+        out = [reassemble.Edit(i, "insert", tuple(e.text for e in nops(n))) for i, n in sorted(self.wait_states.items())
+               if n]
+        out += [reassemble.Edit(i, "replace", tuple(e.text for e in halves)) for i, halves in self.replaced.items()]
+        return out
+
+    def count(self, moved: Moved) -> None:
+        moved.split_mfmas = len(self.replaced)
+        for index, wait_states in self.wait_states.items():
+            moved.nops += len(nops(wait_states))
+            moved.nops_in_loops += len(nops(wait_states)) if _in_loop(index, self.targets) else 0
 
 
 def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
                expected: dict[bytes, Expected], halves: dict[bytes, tuple[Expected, Expected]],
-               pads: dict[str, list[Pad]]) -> list[Moved]:
-    """Plan, rebuild for gfx90a, retarget and prove each kernel; a kernel that fails is reported and not left."""
+               pads: dict[str, list[Pad]], pad_hazards: bool) -> list[Moved]:
+    """Plan (splits, the pads asked for, and with `pad_hazards` the pads the hazard audit of the planned listing
+    asks for), rebuild for gfx90a, retarget, prove and audit each kernel; a kernel that fails is reported, not
+    left in the tree."""
     results = []
     for relpath in relpaths:
         moved = Moved(relpath)
@@ -87,18 +160,15 @@ def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths
         original = source.read_bytes()
         try:
             code_object = elf.read_code_object(original)
-            instructions = isa.split_instructions(elf.text_of(original, code_object))
-            starts = [0]
-            for chunk in instructions:
-                starts.append(starts[-1] + len(chunk))
-            targets = reassemble.branch_targets(instructions, starts)
-            edits, inserted, replaced = _plan(instructions, starts, targets, halves, pads.get(relpath, []), moved)
-            groups: list[list[Expected | int]] = [
-                inserted.get(i, []) + (replaced[i] if i in replaced else [targets[i]] if i in targets
-                                       else [expected[chunk]])
-                for i, chunk in enumerate(instructions)]
+            kernel = _Kernel(isa.split_instructions(elf.text_of(original, code_object)), expected, halves)
+            for pad in pads.get(relpath, []):
+                kernel.pad(pad.consumer, pad.wait_states)
+            if pad_hazards:
+                kernel.pad_short_edges()
+            kernel.count(moved)
+            groups = [kernel.group(i) for i in range(len(kernel.instructions))]
             encodings = {chunk: e.encoding for chunk, e in expected.items()}
-            job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(edits))
+            job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(kernel.edits()))
             rebuilt = reassemble.rebuild(tools, [job])[0]
         except (elf.ElfError, isa.SplitError, reassemble.ReassemblyError) as error:
             results.append(Moved(relpath, "refused", str(error)))
@@ -116,8 +186,16 @@ def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths
         os.chmod(target, source.stat().st_mode & 0o777)
         listing = llvm.objdump_lines(tools, [target], "gfx90a").get(str(target), [])
         error = prove(original, bytes(data), listing, groups)
+        try:
+            audit = hazards.audit_listing(hazards.listing_from_objdump(listing))  # the written file, audited afresh
+        except hazards.UnparsedError as unfinished:
+            audit, error = None, error or f"the hazard audit of the written file did not finish: {unfinished}"
+        if error is None and pad_hazards and audit.short_edges:
+            error = (f"the padded kernel still has {len(audit.short_edges)} short MFMA edges, e.g. "
+                     f"{audit.short_edges[0].to_json()}")
         if error is None:
             moved.text_growth = elf.read_code_object(bytes(data)).text_size - code_object.text_size
+            moved.audit = audit.to_json()
         else:
             target.unlink()
             moved = Moved(relpath, "error", f"proof failed: {error}")

@@ -55,6 +55,7 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
                 return f"the listing ends inside the group of original instruction {index}"
             text, _, location = line.rpartition("// ")
             address_text, _, words = location.partition(": ")
+            words = words.split("<", 1)[0].strip()  # objdump may name a branch target after the words: <sym+0x14>
             address = int(address_text, 16)
             if position == 0:
                 mapped.append(address - new_text.address)
