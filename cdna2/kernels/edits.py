@@ -62,9 +62,7 @@ class _Kernel:
     def __init__(self, instructions: list[bytes], expected: dict[bytes, Expected],
                  halves: dict[bytes, tuple[Expected, Expected]]):
         self.instructions = instructions
-        self.starts = [0]
-        for chunk in instructions:
-            self.starts.append(self.starts[-1] + len(chunk))
+        self.starts = isa.offsets(instructions)
         self.targets = reassemble.branch_targets(instructions, self.starts)
         self.expected = expected
         self.replaced = {i: list(halves[chunk]) for i, chunk in enumerate(instructions) if chunk in halves}

@@ -8,6 +8,7 @@ split gave it, and every written file is disassembled by llvm-objdump and compar
 from __future__ import annotations
 
 import re
+from itertools import accumulate
 
 # gfx942 mnemonics whose gfx90a spelling names the very same operation (LLVM accepts the gfx90a spelling as an
 # alias on gfx942, and the engine checks that both spellings encode to the same gfx942 bytes before using a row).
@@ -89,6 +90,11 @@ def split_instructions(text: bytes) -> list[bytes]:
     if sum(map(len, instructions)) != len(text):
         raise SplitError("the last instruction of .text runs past the end of the section")
     return instructions
+
+
+def offsets(instructions: list[bytes]) -> list[int]:
+    """The .text offset of each instruction, and one more entry: the end of the code."""
+    return list(accumulate(map(len, instructions), initial=0))
 
 
 def mnemonic(text: str) -> str:

@@ -99,10 +99,7 @@ def _read(data: bytes) -> _Kernel:
         raise ReassemblyError(f"expected one .text section, found {len(texts)}")
     text = texts[0]
     instructions = isa.split_instructions(data[text.offset:text.offset + text.size])
-    starts = [0]
-    for chunk in instructions:
-        starts.append(starts[-1] + len(chunk))
-    return _Kernel(data, table, elf.symbols(data, table), text, instructions, starts)
+    return _Kernel(data, table, elf.symbols(data, table), text, instructions, isa.offsets(instructions))
 
 
 # --- stage 2: source ------------------------------------------------------------------------------------------------

@@ -87,9 +87,7 @@ def _check_symbols(original: bytes, new: bytes, old_table, new_table, old_text, 
     old_symbols, new_symbols = elf.symbols(original, old_table), elf.symbols(new, new_table)
     if [s.name for s in old_symbols] != [s.name for s in new_symbols]:
         return "the symbol table names other symbols, or in another order, than the original's"
-    starts = [0]
-    for chunk in isa.split_instructions(original[old_text.offset:old_text.offset + old_text.size]):
-        starts.append(starts[-1] + len(chunk))
+    starts = isa.offsets(isa.split_instructions(original[old_text.offset:old_text.offset + old_text.size]))
     index_of = {start: i for i, start in enumerate(starts)}
     text_index = old_table.index(old_text)
     for old, now in zip(old_symbols, new_symbols):

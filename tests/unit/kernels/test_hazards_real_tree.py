@@ -90,3 +90,29 @@ def test_gfx942_originals_under_gfx942_rules_are_explained_by_staggered_writebac
     assert analysis.blockers(GFX942_UNEXPLAINED[0]), "and it is not portable (FP8)"
     # AMD's code relies on the staggered writeback (register k of a 4-pass result after 4+k wait states) this often:
     assert sum(audit["staggered"] for audit in audits.values()) > 2400
+
+
+@pytest.mark.slow
+def test_default_translation_pads_every_short_kernel_and_a_fresh_audit_finds_no_short_edge(
+        real_source, real_translation, tmp_path, llvm_tools):
+    unpadded, unpadded_dst, _ = real_translation
+    dst = tmp_path / "gfx90a"
+    report = translate_tree(real_source, dst)  # defaults: kernel_hazard_policy default, pad_mfma_hazards on
+    written = {relpath for relpath, entry in report["kernels"].items() if entry["status"] == "written"}
+    assert len(written) == sum(VERDICTS.values()) and report["hazards"]["withheld"] == []
+    assert {p.relative_to(unpadded_dst).as_posix() for p in unpadded_dst.rglob("*.co")} <= written
+    padded = {relpath for relpath in written if report["kernels"][relpath]["code"] == "padded"}
+    assert padded == set(unpadded["hazards"]["short_kernels"]["short-straight-line"]
+                         + unpadded["hazards"]["short_kernels"]["short-across-branches"])
+    assert set(STRAIGHT_LINE_SHORT) <= padded and len(padded) == 70
+    assert report["padding"]["kernels"] == 70 and report["padding"]["nops"] == sum(
+        report["kernels"][r]["nops"] for r in padded)
+    # Independent of the planner: every installed file disassembled and audited afresh.
+    files = sorted(dst.rglob("*.co"))
+    listings = llvm.objdump_lines(llvm_tools, files, "gfx90a")
+    short = {path.name: len(audit.short_edges) for path in files
+             if (audit := hazards.audit_listing(hazards.listing_from_objdump(listings[str(path)]))).short_edges
+             or audit.verdict != hazards.CLEAN}
+    assert short == {}
+    csvs = [path.relative_to(dst).as_posix() for path in dst.rglob("*.csv")]
+    assert not any(manifest.dangling_rows(dst, csv) for csv in csvs)

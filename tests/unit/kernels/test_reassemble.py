@@ -42,11 +42,8 @@ def test_branch_targets_are_computed_from_the_encoding(build_code_object, tmp_pa
     data = build_code_object(tmp_path / "loop.co", *LOOP).read_bytes()
     code_object = elf.read_code_object(data)
     instructions = isa.split_instructions(elf.text_of(data, code_object))
-    starts = [0]
-    for chunk in instructions:
-        starts.append(starts[-1] + len(chunk))
     # s_mov_b32 s0, 4 is instruction 0; the loop starts at 1; the backward branch is 4, the forward one 5.
-    assert reassemble.branch_targets(instructions, starts) == {4: 1, 5: 7}
+    assert reassemble.branch_targets(instructions, isa.offsets(instructions)) == {4: 1, 5: 7}
 
 
 def test_code_reading_the_pc_is_refused(build_code_object, llvm_tools, tmp_path):
