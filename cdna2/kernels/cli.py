@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -111,10 +112,15 @@ def code_summary(report: dict) -> list[str]:
     return lines
 
 
+def classify_summary(report: dict) -> list[str]:
+    """What translate would do with the kernels, under the default policy."""
+    plans = Counter(entry["translation"] for entry in report["kernels"].values() if "translation" in entry)
+    return [f"translate would write: {', '.join(f'{count} {plan}' for plan, count in sorted(plans.items()))}"]
+
+
 def _summary(report: dict) -> str:
     lines = [family_table(report), "", *hazard_lines(report)]
-    if report["command"] == "translate":
-        lines += code_summary(report)
+    lines += code_summary(report) if report["command"] == "translate" else classify_summary(report)
     lines += [f"error  {line}" for line in _errors(report)]
     if "manifest_rows" in report:
         lines.append(f"manifests: {report['manifest_rows']['kept']} rows kept, "

@@ -44,6 +44,7 @@ class Moved:
     split_mfmas: int = 0
     nops: int = 0
     nops_in_loops: int = 0
+    wait_states_in_loops: int = 0  # of those nops: what one iteration of the enclosing loops now waits more
     text_growth: int = 0  # bytes
     audit: dict | None = None  # the hazard audit of the written file (hazards.KernelAudit.to_json)
 
@@ -142,7 +143,9 @@ class _Kernel:
         moved.split_mfmas = len(self.replaced)
         for index, wait_states in self.wait_states.items():
             moved.nops += len(nops(wait_states))
-            moved.nops_in_loops += len(nops(wait_states)) if _in_loop(index, self.targets) else 0
+            if _in_loop(index, self.targets):
+                moved.nops_in_loops += len(nops(wait_states))
+                moved.wait_states_in_loops += wait_states
 
 
 def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],

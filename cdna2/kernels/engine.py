@@ -53,9 +53,11 @@ LIMITATIONS = (
     "MFMA wait states are audited statically (no GPU) against LLVM's gfx90a rules; translation keeps gfx942's "
     "spacing and gfx90a's MFMAs take twice the passes (a read of a 16x16x16 result needs 11 wait states, not 7; "
     "32x32x8: 19, not 11). On amd-aiter 0.1.7.post2.dev18, of 178 portable kernels 13 are short in straight-line "
-    "code (by up to 6 wait states) and 57 only on paths across a branch (by up to 15); kernel_hazard_policy "
-    "decides which are installed (default: not the first, the second listed). Wait states the hardware may add "
-    "on its own (branch issue time) are not credited: a kernel short across branches is a risk, not a proven bug.",
+    "code (by up to 6 wait states) and 57 only on paths across a branch (by up to 15). With pad_mfma_hazards (the "
+    "default) each short edge gets the missing s_nop before its consumer and the kernel is re-assembled, so what is "
+    "installed is clean under LLVM's rules; without it kernel_hazard_policy decides which are installed (default: "
+    "not the first, the second listed). Wait states the hardware may add on its own (branch issue time) are not "
+    "credited: the padding may be more than the hardware needs, never less than LLVM's rules.",
     "Every newly enabled kernel family needs numerical validation on a real MI210 (done by the smoke checks for "
     "fmha_v3_fwd and pa_fwd_asm only).",
 )
@@ -428,6 +430,9 @@ def _withheld_reason(audit: dict, policy: str) -> str:
 
 def _limitations(policy: str | None, kernels: dict[str, dict]) -> list[str]:
     texts = list(LIMITATIONS)
+    if any(entry.get("split_mfmas") for entry in kernels.values()):
+        texts.append("int8_k32_split: each split MFMA runs two gfx90a MFMAs (4x the gfx942 cycles); the split is "
+                     "exact on an emulator of AMD's operand layouts, not yet measured on an MI210")
     if policy == "permissive":
         short = sum(1 for entry in kernels.values() if entry.get("hazards", {}).get("verdict") == hazards.SHORT_STRAIGHT)
         texts.append(f"kernel_hazard_policy permissive: every portable kernel is installed, {short} of them short of "
@@ -446,6 +451,12 @@ def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | No
     with _pool(jobs) as pool:
         analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
     kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+    for entry in kernels.values():  # what translate does with it under the default policy (refusals show only there)
+        if entry["status"] == "portable":
+            short = entry["hazards"]["verdict"] in (hazards.SHORT_STRAIGHT, hazards.SHORT_BRANCHES)
+            entry["translation"] = "padded" if short else "in place"
+        elif entry.get("unlocked_by") == "int8_k32_split":
+            entry["translation"] = "split, with int8_k32_split"
     return {
         "format": REPORT_FORMAT, "command": "classify", "translator_version": TRANSLATOR_VERSION,
         "llvm": {"bin_dir": str(tools.bin_dir), "version": tools.version, "banner": tools.banner},
@@ -614,7 +625,8 @@ def _moved_entry(moved: edits.Moved, audit_before: dict | None) -> dict:
         return {"status": moved.outcome, "reason": moved.reason}
     code = " and ".join(kind for kind, count in (("split", moved.split_mfmas), ("padded", moved.nops)) if count)
     entry = {"status": "written", "code": code or "re-assembled", "split_mfmas": moved.split_mfmas,
-             "nops": moved.nops, "nops_in_loops": moved.nops_in_loops, "text_growth_bytes": moved.text_growth,
+             "nops": moved.nops, "nops_in_loops": moved.nops_in_loops,
+             "wait_states_in_loops": moved.wait_states_in_loops, "text_growth_bytes": moved.text_growth,
              "hazards": moved.audit}
     if audit_before is not None:
         entry["hazards_before_edits"] = {"verdict": audit_before["verdict"], "short_edges": audit_before["short_edges"]}

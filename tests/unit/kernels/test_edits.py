@@ -36,9 +36,9 @@ def test_padding_inserts_nops_that_every_path_into_the_consumer_runs(build_code_
     report = translate_tree(src, tmp_path / "dst", jobs=1, pads={"loop.co": [edits.Pad(consumer=4, wait_states=11)]})
     entry = report["kernels"]["loop.co"]
     assert {key: entry[key] for key in ("status", "code", "split_mfmas", "nops", "nops_in_loops",
-                                        "text_growth_bytes")} == {"status": "written", "code": "padded",
-                                                                  "split_mfmas": 0, "nops": 2, "nops_in_loops": 2,
-                                                                  "text_growth_bytes": 8}
+                                        "wait_states_in_loops", "text_growth_bytes")} == {
+        "status": "written", "code": "padded", "split_mfmas": 0, "nops": 2, "nops_in_loops": 2,
+        "wait_states_in_loops": 11, "text_growth_bytes": 8}
     assert report["padding"] == {"enabled": True, "kernels": 1, "nops": 2}
     lines = [llvm.parse_objdump_line(line) for line in listing(llvm_tools, tmp_path / "dst" / "loop.co")]
     assert [text for _, text, _ in lines] == [
@@ -85,6 +85,8 @@ def test_cli_says_how_each_kernel_was_made_and_what_the_split_would_add(build_co
     assert cdna2_main(["translate", str(src), str(tmp_path / "on"), "--jobs", "1", "--int8-k32-split"]) == 0
     assert "written: 1 in place, 1 split (1 MFMAs split)" in capsys.readouterr().out
     assert (tmp_path / "on" / "fam" / "k32.co").is_file()
+    assert cdna2_main(["classify", str(src), "--json", str(tmp_path / "c.json")]) == 0
+    assert "translate would write: 1 in place, 1 split, with int8_k32_split" in capsys.readouterr().out
 
 
 def test_manifests_say_which_rows_the_split_would_add(build_code_object, tmp_path):
