@@ -5,8 +5,9 @@ several) with every branch still landing on the same instruction.
 rebuild() runs the stages in this order, per kernel:
 1. read: sections, symbols and the instructions of .text; every branch target computed from its encoding (objdump's
    `<L_end0+0x634>`-style labels are never parsed);
-2. source: the instructions as their encodings (`.long`), branches as their mnemonic and a label at the target, the
-   planned edits as instruction text, the original symbols at their (moved) addresses with their binding, type,
+2. source: runs of unchanged instructions as their encodings (`.incbin` of the re-encoded .text, so the assembler
+   cannot pick another encoding), branches as their mnemonic and a label at the target, the planned edits as
+   instruction text, the original symbols at their (moved) addresses with their binding, type,
    visibility and, only where the original had one, `.size`; the kernel descriptor as its 64 bytes with the code
    entry offset emitted as `.quad NAME@rel64 - NAME.kd` (objdump's `.amdhsa_kernel` directives do not re-assemble
    as printed: the assembler adds its own SGPRs to `.amdhsa_next_free_sgpr`); the metadata note as its bytes;

@@ -62,7 +62,8 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
             if isinstance(want, int):
                 found = isa.branch_of(_words(words))
                 if found is None:
-                    return f"{address:#x}: {text.strip()!r} stands where original instruction {index}, a branch, belongs"
+                    return (f"{address:#x}: {text.strip()!r} stands where original instruction {index}, a branch, "
+                            "belongs")
                 branches.append((address, found[0], found[1], want))
             elif f"{text.strip()}|{words.strip()}" != (printed.get(id(want)) or printed.setdefault(
                     id(want), f"{want.text.strip()}|{llvm.objdump_words(want.encoding)}")):
