@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 from cdna2.host import elf
@@ -85,23 +86,26 @@ class _Kernel:
     def layout(self) -> tuple[list[tuple[int, int, str]], list[int]]:
         """The planned listing as the hazard audit reads it, (offset, size, text), and the original instruction
         each line belongs to."""
-        groups = [self.group(i) for i in range(len(self.instructions))]
-        group_starts, address = [], 0
-        for group in groups:
-            group_starts.append(address)
-            address += sum(4 if isinstance(g, int) else len(g.encoding) for g in group)
+        edited = {i: self.group(i) for i in set(self.wait_states) | set(self.replaced)}
+        lengths = list(map(len, self.instructions))
+        for index, group in edited.items():
+            lengths[index] = sum(4 if isinstance(item, int) else len(item.encoding) for item in group)
+        group_starts = list(accumulate(lengths, initial=0))
         listing, owner = [], []
-        for index, group in enumerate(groups):
+        for index, chunk in enumerate(self.instructions):
             address = group_starts[index]
-            for item in group:
+            if index not in edited and index not in self.targets:
+                listing.append((address, len(chunk), self.expected[chunk].text))
+                owner.append(index)
+                continue
+            for item in edited.get(index) or [self.targets[index]]:
                 if isinstance(item, int):
                     offset = (group_starts[item] - address - 4) // 4
                     if not isa.BRANCH_RANGE[0] <= offset <= isa.BRANCH_RANGE[1]:
                         raise reassemble.ReassemblyError(
                             f"a branch would leave the signed 16-bit dword range once the code moves: the one at "
                             f".text+{self.starts[index]:#x} would need an offset of {offset} dwords")
-                    text = f"{isa.branch_of(self.instructions[index])[0]} {offset & 0xFFFF}"
-                    listing.append((address, 4, text))
+                    listing.append((address, 4, f"{isa.branch_of(chunk)[0]} {offset & 0xFFFF}"))
                     address += 4
                 else:
                     listing.append((address, len(item.encoding), item.text))
