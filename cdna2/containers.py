@@ -78,7 +78,7 @@ def decide(mode: str, executed: bool, failed: bool, changed: bool, tag: str | No
                                           "removed")
     if tag is None:
         return ImageDecision(KEEP, None, "no tag set for this run's result: the committed image is kept untagged")
-    return ImageDecision(TAG, tag, "changed: the committed image is tagged")
+    return ImageDecision(TAG, tag, "the run changed it: the committed image is tagged")
 
 
 @dataclass
