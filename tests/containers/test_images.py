@@ -30,6 +30,7 @@ print(json.dumps({
     "digest": tree_digest(hsa) if hsa.is_dir() else None,
     "gate": "def is_aiter_attention_supported() -> bool:" in gate,
     "triton": metadata.version("triton"),
+    "lease": json.loads(lease.read_text()) if (lease := Path("/var/lib/cdna2/lease.json")).exists() else None,
 }))
 """
 
@@ -82,6 +83,8 @@ def test_the_tagged_image_holds_the_translated_tree_and_the_patched_gate(deploye
     assert len(seen["kernels"]) == 178
     assert seen["digest"].startswith(row["steps"]["kernels"]["detail"].rpartition("tree ")[2])
     assert seen["gate"] is True and seen["triton"] == "3.7.1"
+    # The run lease was bound to the build container (docker exec has no sshd to bind it to).
+    assert seen["lease"]["connection"]["container"] is True and seen["lease"]["connection"]["pid"] == 1
     before = json.loads(run_in_image(base_image, INSPECT_SCRIPT))
     assert before["kernels"] is None and before["gate"] is False and before["triton"] == "3.7.0"
 
