@@ -30,7 +30,7 @@ ISOLATION_FLAGS = ("--iptables=false", "--ip6tables=false", "--ip-forward=false"
 
 
 class EngineUnavailable(RuntimeError):
-    """No container engine can run here (no dockerd or docker client installed); tests skip with this reason."""
+    """No container engine or image builder here (dockerd, docker or mmdebstrap missing); tests skip with this."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import io
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from cdna2.containers import Engine
 from lab import kinds, mirror, venvs, wheelhouse
+from lab.engine import EngineUnavailable
 from lab.labctl import progress, write_atomically
 
 SUITE, VARIANT, INCLUDE = "bookworm", "apt", "python3"
@@ -51,6 +53,8 @@ def debian_root() -> Path:
     tarball = images_dir() / f"debian-{SUITE}-{INCLUDE}-{key}.tar"
     with wheelhouse.cache_lock("images"):
         if not tarball.exists():
+            if shutil.which("mmdebstrap") is None:
+                raise EngineUnavailable("no image builder: mmdebstrap not found (bin/setup installs it)")
             progress(f"images: mmdebstrap {SUITE} with {INCLUDE} (25-75 s) -> {tarball}")
             staging = tarball.with_suffix(".staging")
             images_dir().mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,8 @@ for name in ("amd-aiter", "vllm"):
     dist = metadata.distribution(name)
     result[name] = record_mismatches(site, dist.read_text("RECORD"))
 result["gfx90a"] = (site / "aiter_meta" / "hsa" / "gfx90a").exists()
-result["state_dir"] = sorted(p.name for p in Path("/var/lib/cdna2").iterdir()) if Path("/var/lib/cdna2").exists() else []
+state_dir = Path("/var/lib/cdna2")
+result["state_dir"] = sorted(p.name for p in state_dir.iterdir()) if state_dir.exists() else []
 print(json.dumps(result))
 """
 
@@ -162,8 +163,8 @@ def test_a_running_container_is_patched_in_place_and_left_running(base_image, do
         assert row["steps"]["kernels"]["status"] == "changed" and row["steps"]["patches vllm"]["status"] == "changed"
         assert json.loads(docker.run("container", "inspect", name))[0]["State"]["Running"] is True
         assert all_image_ids(docker) == images_before  # nothing committed
-        inside = subprocess.run(["docker", "exec", name, "sh", "-c",
-                                 "find /opt/venv/lib/python3.11/site-packages/aiter_meta/hsa/gfx90a -name '*.co' | wc -l"],
+        hsa = "/opt/venv/lib/python3.11/site-packages/aiter_meta/hsa/gfx90a"
+        inside = subprocess.run(["docker", "exec", name, "sh", "-c", f"find {hsa} -name '*.co' | wc -l"],
                                 capture_output=True, text=True, check=True)
         assert inside.stdout.strip() == "178"
         again = run_pyinfra("-y", "deploy.py", "--limit", "containers", inventory="inventory/images.py",
