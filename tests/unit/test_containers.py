@@ -7,6 +7,7 @@ The engine itself is exercised in tests/containers/.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, ImageOutcome, decide
 from cdna2.host import smoke
 from cdna2.plan import arch_skip_reason, with_data_arch
+from lab import engine as engine_module
 from operations.images import CommittedImages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,3 +122,15 @@ def test_a_directory_from_a_lower_overlay_layer_is_moved_by_copy(tmp_path):
     first, second = result.stdout.splitlines()
     assert first == "EXDEV"  # what a plain rename does there
     assert second == "['.gfx90a.previous'] kernel"
+
+
+def test_without_dockerd_the_engine_is_unavailable_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_module, "DOCKERD", str(tmp_path / "no-dockerd"))
+    with pytest.raises(engine_module.EngineUnavailable, match="no container engine: .*no-dockerd not found"):
+        engine_module.Engine(tmp_path).start()
+
+
+def test_a_recorded_pid_that_is_not_this_daemon_is_never_signalled(tmp_path):
+    daemon = engine_module.Engine(tmp_path)
+    daemon.pid_file.write_text(f"{os.getpid()}\n")  # alive, but pytest, not a dockerd on this socket
+    assert daemon.pid() is None and daemon.stop() is False
