@@ -109,12 +109,15 @@ def short(image_id: str | None) -> str:
 
 def settle_image(engine: Engine, source: str, committed: str | None, decision: ImageDecision) -> ImageOutcome:
     """Carry out ``decision`` on the image pyinfra committed from ``source`` and say what the result is."""
-    source_id = engine.image_id(source)
-    committed_id = engine.image_id(committed) if committed else None
-    if committed and committed_id is None:
+    if committed is None:
+        raise EngineError("pyinfra logged no committed image for this target (its INFO line `docker build complete, "
+                          "image ID: ...`; a run with a quieter log level hides it), so it was neither tagged nor "
+                          "removed")
+    source_id, committed_id = engine.image_id(source), engine.image_id(committed)
+    if committed_id is None:
         raise EngineError(f"pyinfra reported committing image {committed}, but the engine has no such image")
     if decision.action in (REMOVE, SOURCE):
-        if committed_id and committed_id != source_id:
+        if committed_id != source_id:
             engine.remove_image(committed_id)
         result_id = source_id if decision.action == SOURCE else None
     else:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, ImageOutcome, decide
+from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, Engine, EngineError, ImageOutcome, decide, settle_image
 from cdna2.host import smoke
 from cdna2.plan import arch_skip_reason, with_data_arch
 from lab import engine as engine_module
@@ -134,3 +134,9 @@ def test_a_recorded_pid_that_is_not_this_daemon_is_never_signalled(tmp_path):
     daemon = engine_module.Engine(tmp_path)
     daemon.pid_file.write_text(f"{os.getpid()}\n")  # alive, but pytest, not a dockerd on this socket
     assert daemon.pid() is None and daemon.stop() is False
+
+
+def test_no_commit_line_is_an_error_not_a_silent_untagged_result():
+    decision = decide("deploy", executed=True, failed=False, changed=True, tag=TAG_NAME)
+    with pytest.raises(EngineError, match="pyinfra logged no committed image"):
+        settle_image(Engine("false"), "local/base:1", None, decision)
