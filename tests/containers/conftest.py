@@ -73,10 +73,10 @@ def all_image_ids(docker: EngineCli) -> set[str]:
     return set(docker.run("images", "-a", "-q", "--no-trunc").split())
 
 
-def run_in_image(image: str, script: str) -> str:
-    """``docker run --rm IMAGE python -c SCRIPT`` with this checkout's cdna2/ mounted read-only on PYTHONPATH."""
+def run_in_image(image: str, script: str, *args: str) -> str:
+    """``docker run --rm IMAGE python -c SCRIPT ARGS`` with this checkout's cdna2/ mounted read-only on PYTHONPATH."""
     result = subprocess.run(["docker", "run", "--rm", "--network", "none", "-v", f"{REPO}/cdna2:/checkout/cdna2:ro",
-                             "-e", "PYTHONPATH=/checkout", image, "python", "-c", script],
+                             "-e", "PYTHONPATH=/checkout", image, "python", "-c", script, *args],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"docker run {image} failed:\n{result.stderr[-3000:]}"
     return result.stdout

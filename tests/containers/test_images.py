@@ -18,11 +18,12 @@ pytestmark = [pytest.mark.lab, pytest.mark.containers]
 
 # Run inside an image: the gfx90a tree (kernel count and digest), the patched vLLM gate, the triton version.
 INSPECT_SCRIPT = """
-import json, sysconfig
+import json, sys, sysconfig
 from importlib import metadata
 from pathlib import Path
-from cdna2.host.probe import tree_digest
+from cdna2.host.probe import file_sha256, tree_digest
 site = Path(sysconfig.get_paths()["purelib"])
+patched = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 hsa = site / "aiter_meta" / "hsa" / "gfx90a"
 gate = (site / "vllm" / "_aiter_ops.py").read_text()
 print(json.dumps({
@@ -30,6 +31,7 @@ print(json.dumps({
     "digest": tree_digest(hsa) if hsa.is_dir() else None,
     "gate": "def is_aiter_attention_supported() -> bool:" in gate,
     "triton": metadata.version("triton"),
+    "patched_files": {path: file_sha256(site / path) for path in patched},
     "lease": json.loads(lease.read_text()) if (lease := Path("/var/lib/cdna2/lease.json")).exists() else None,
 }))
 """
@@ -80,7 +82,11 @@ def test_the_arch_comes_from_data_and_gpu_checks_say_why_they_are_skipped(deploy
 
 def test_the_tagged_image_holds_the_translated_tree_and_the_patched_gate(deployed, base_image):
     row = image_row(deployed, base_image)
-    seen = json.loads(run_in_image(image_tag_for(base_image), INSPECT_SCRIPT))
+    # Every file the patch plans changed, with the hash the plan gave its patched text.
+    patched = {change["path"]: change["new_sha256"] for package in ("amd-aiter", "vllm")
+               for change in row["details"][f"patches {package}"]["changes"]}
+    seen = json.loads(run_in_image(image_tag_for(base_image), INSPECT_SCRIPT, json.dumps(patched)))
+    assert len(patched) >= 2 and seen["patched_files"] == patched
     assert len(seen["kernels"]) == 178
     assert seen["digest"].startswith(row["steps"]["kernels"]["detail"].rpartition("tree ")[2])
     assert seen["gate"] is True and seen["triton"] == "3.7.1"
