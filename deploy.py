@@ -17,7 +17,7 @@ from pyinfra.operations import python
 from cdna2.agent import agent_dir
 from cdna2.patches import plan_package
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
-                        installed_versions, kernels_decision, target_env_error)
+                        installed_versions, kernels_decision, target_env_error, with_data_arch)
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
@@ -43,6 +43,8 @@ report.step(host.name, "validate", "ok")
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()})
+# An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
+probe, no_gpu_reason = with_data_arch(probe, data.gpu_arch)
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 # Plan wheels and kernels now: a host they cannot serve (a ROCm the matrix lacks, no room for the kernel tree) is
@@ -65,7 +67,9 @@ if problem:
     python.raise_exception(name="preflight: the host can be provisioned", exception=OperationError,
                            message=f"{host.name}: {problem}; nothing on it was changed")
 else:
-    report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
+    arch = probe["gpu"]["arch"] or "no GPU agent"
+    report.step(host.name, "probe", "ok", f"{arch} ({no_gpu_reason}), ROCm {probe['rocm']['version']}" if no_gpu_reason
+                else f"{arch}, ROCm {probe['rocm']['version']}")
 
     # From here on, an operation is issued only where the probe shows work for it: a host that already holds
     # what this run would give it gets no operation at all (pyinfra's per-operation cost is paid per host).
@@ -154,7 +158,7 @@ else:
         smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report, deployed=deployed,
                      current_state=probe["state"],
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
-                     target_python=data.target_python, state_dir=data.state_dir)
+                     target_python=data.target_python, state_dir=data.state_dir, no_gpu_reason=no_gpu_reason)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
     if not reinstalled and record_needed("deployed", deployed, probe["state"]):

@@ -54,3 +54,14 @@ smoke_tests = True
 
 # On rollback, also reinstall the triton version recorded before the first deploy.
 rollback_restore_triton = False
+
+# The GPU arch to provision for where the probe finds no GPU: an image is built without one (inventory/images.py).
+# A GPU the probe does find always wins. None: a host without a GPU is left alone.
+gpu_arch = None
+
+# @docker image targets: the tag the deployed image gets, e.g. "local/vllm-mi210:base-cdna2"; None leaves the
+# image pyinfra commits untagged (its id is in the report).
+image_tag = None
+
+# @docker image targets: the tag the image rollback.py commits gets; None leaves it untagged.
+rollback_image_tag = None

@@ -61,10 +61,12 @@ class SmokeResult(FactBase[dict]):
     """
 
     @override
-    def command(self, target_python: str, state_dir: str, site_packages: str, expect_triton: str) -> StringCommand:
+    def command(self, target_python: str, state_dir: str, site_packages: str, expect_triton: str,
+                no_gpu_reason: str | None = None) -> StringCommand:
+        no_gpu = ("--no-gpu", no_gpu_reason) if no_gpu_reason else ()
         return StringCommand(
             agent_command(target_python, state_dir, "smoke", "--site-packages", site_packages,
-                          "--state-dir", state_dir, "--expect-triton", expect_triton, "--json"),
+                          "--state-dir", state_dir, "--expect-triton", expect_triton, *no_gpu, "--json"),
             "|| true",
         )
 

@@ -40,7 +40,7 @@ def changed_this_run() -> bool:
 
 @operation()
 def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dict | None, site_packages: str,
-                 target_python: str, state_dir: str, expect_triton: str = "3.7.1"):
+                 target_python: str, state_dir: str, expect_triton: str = "3.7.1", no_gpu_reason: str | None = None):
     """
     Prove the host's provisioned state with the on-host smoke test, record every check, fail on any failure.
 
@@ -51,6 +51,7 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     + target_python: interpreter that runs the host agent (the smoke test runs in a fresh process of it)
     + state_dir: the tool's state directory on the host
     + expect_triton: the triton version the host must have
+    + no_gpu_reason: why no GPU can exist on the target (an image build): the GPU checks are skipped with it
 
     Once per state:
         the test runs when this run changed the host, or when no pass is recorded for the state it leaves there;
@@ -75,7 +76,7 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
         host.noop(f"smoke passed at {proof['at']} for this same state; nothing changed since")
         return
     result = host.get_fact(SmokeResult, target_python=target_python, state_dir=state_dir,
-                           site_packages=site_packages, expect_triton=expect_triton)
+                           site_packages=site_packages, expect_triton=expect_triton, no_gpu_reason=no_gpu_reason)
     bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")]
     summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
                f"{result['skipped']} skipped")

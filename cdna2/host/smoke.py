@@ -499,8 +499,13 @@ def judge_gpu_case(check: GpuCheck, report: dict) -> dict:
                                            f"{_named(sorted({load['path'] for load in proof}))}")
 
 
-def gpu_checks(timeout: float) -> tuple[list[dict], dict | None]:
-    """Every GPU check, or each one skipped with the reason no gfx90a device is usable; and the device seen."""
+def gpu_checks(timeout: float, no_gpu_reason: str | None = None) -> tuple[list[dict], dict | None]:
+    """Every GPU check, or each one skipped with the reason no gfx90a device is usable; and the device seen.
+
+    ``no_gpu_reason`` says why none can exist (an image built without a GPU): every GPU check is skipped with it.
+    """
+    if no_gpu_reason:
+        return [result(check.name, GPU, SKIPPED, f"skipped: {no_gpu_reason}") for check in GPU_CHECKS], None
     probe_report = _gpu_child(["device"], timeout)
     reason = probe_report.get("error") or probe_report.get("reason")
     if reason:
@@ -513,11 +518,11 @@ def gpu_checks(timeout: float) -> tuple[list[dict], dict | None]:
 # --- the run ------------------------------------------------------------------------------------------------------
 
 def run_smoke(site_packages: Path, state_dir: Path, expected_triton: str = DEFAULT_TRITON,
-              timeout: float = 1800.0) -> dict:
+              timeout: float = 1800.0, no_gpu_reason: str | None = None) -> dict:
     with searched_first(site_packages):
         view = read_host(site_packages, state_dir)
         checks = static_checks(view, expected_triton, timeout)
-    gpu, device = gpu_checks(timeout)
+    gpu, device = gpu_checks(timeout, no_gpu_reason)
     checks.extend(gpu)
     counts = {status: sum(check["status"] == status for check in checks) for status in (PASSED, FAILED, SKIPPED, WRONG)}
     return {"checks": checks, **counts, "device": device}
@@ -538,9 +543,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expect-triton", default=DEFAULT_TRITON, help="triton version required (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds allowed per child process (a first GPU run may JIT-build AITER modules)")
+    parser.add_argument("--no-gpu", metavar="REASON",
+                        help="no GPU can exist here (an image build): skip every GPU check with this reason")
     parser.add_argument("--json", action="store_true", help="print the JSON report on one line (for the deploy)")
     args = parser.parse_args(argv)
-    report = run_smoke(args.site_packages, args.state_dir, args.expect_triton, args.timeout)
+    report = run_smoke(args.site_packages, args.state_dir, args.expect_triton, args.timeout, args.no_gpu)
     print(json.dumps(report, sort_keys=True) if args.json else json.dumps(report, indent=2, sort_keys=True))
     print("\n".join(summary_lines(report)), file=sys.stderr)
     return 1 if report[FAILED] or report[WRONG] else 0
