@@ -640,7 +640,7 @@ def judge_gpu_case(check: GpuCheck, report: dict, run: GpuRun) -> dict:
     if report.get("error"):
         output = report.get("captured_tail", "").strip()[-400:]
         return result(check.name, GPU, FAILED, f"{check.what}: {report['error']}"
-                                               f"{'; output: ' + output if output else ''}")
+                                               f"{'; output: ' + output if output else ''}{cleanup}")
     problem = provenance_problem(report, run)
     if problem:
         return result(check.name, GPU, FAILED, f"{check.what}: {problem}, so this run says nothing about the "

@@ -22,6 +22,7 @@ import pytest
 
 from cdna2.host import smoke, smoke_gpu
 from lab import wheelhouse
+from tests.unit.operations.test_smoke_operation import recorded, run_smoke_op
 from tests.unit.smoke.conftest import (GFX90A, Host, code_object, make_agent, make_target_python,
                                        provisioned_host, run_smoke_command, statuses)
 
@@ -153,17 +154,32 @@ def _runs_hang(pid: str) -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def crashed_run(lab: Lab) -> tuple[int, dict]:
+    """The device probe dies with SIGSEGV on a host the probe saw as gfx90a."""
+    return lab.smoke(device="crash")
+
+
 @pytest.mark.parametrize("device, reason", [
     ("crash", "ended with SIGSEGV (exit 139) and no report"),
     ("none", "no device (torch"),
 ])
-def test_an_unusable_device_on_a_gfx90a_host_fails_every_gpu_check(lab: Lab, device: str, reason: str) -> None:
-    code, report = lab.smoke(device=device)
+def test_an_unusable_device_on_a_gfx90a_host_fails_every_gpu_check(lab: Lab, crashed_run, device: str,
+                                                                   reason: str) -> None:
+    code, report = crashed_run if device == "crash" else lab.smoke(device=device)
     assert code == 1
     for check in gpu(report).values():
         assert check["status"] == "failed", check
         assert check["detail"].startswith("the host probe saw gfx90a but its GPU cannot be used: "), check
         assert reason in check["detail"], check
+
+
+def test_a_crashing_device_probe_gets_no_recorded_pass(crashed_run) -> None:
+    # The deploy's smoke operation, on a pyinfra @fake host that answers with what the smoke command printed.
+    state, host, report = run_smoke_op(json.dumps(crashed_run[1]), host_arch="gfx90a")
+    assert host in state.failed_hosts
+    assert recorded(host) == [], "no pass may be recorded"
+    assert report.host("@fake/a").steps["smoke"].status == "failed"
 
 
 def test_gpu_checks_are_skipped_only_without_a_gpu_or_when_turned_off(lab: Lab) -> None:
