@@ -626,8 +626,9 @@ def provenance_problem(report: dict, run: GpuRun) -> str | None:
 
 
 def _figures(report: dict) -> str:
-    worst = report.get("worst_element")
-    element = f"; worst element {worst['got']:.4g} against {worst['ref']:.4g}" if worst else ""
+    first = report.get("first_bad_element")
+    element = (f"; the first, element {first['index']}, is {first['got']:.4g} against {first['ref']:.4g}"
+               if first else "")
     unwritten = f", {report['unwritten']} never written (still NaN)" if report["unwritten"] else ""
     rel_rms = f"{report['rel_rms']:.2e}" if report["rel_rms"] is not None else "non-finite"
     return (f"rel_rms {rel_rms} of rms(ref), worst row {report['worst_row_rel_rms']:.2e}, "

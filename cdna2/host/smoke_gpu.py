@@ -141,7 +141,8 @@ def compare(reference, result, value_max: float) -> dict:
     """The pass rule's figures for ``result`` against ``reference`` (rows along the last dimension).
 
     ``bad_elements`` counts elements outside ATOL * value_max + RTOL * |ref| (NaN counts: never written),
-    ``worst_row_rel_rms`` is the largest rms(got - ref) / rms(ref) over rows, ``rel_rms`` the same over everything.
+    ``worst_row_rel_rms`` is the largest rms(got - ref) / rms(ref) over rows, ``rel_rms`` the same over everything,
+    ``first_bad_element`` the first element outside its bound (when there is one).
     """
     torch = importlib.import_module("torch")
     expected = reference.float().reshape(-1, reference.shape[-1])
@@ -151,15 +152,15 @@ def compare(reference, result, value_max: float) -> dict:
     rows = (error ** 2).mean(dim=1).sqrt() / (expected ** 2).mean(dim=1).sqrt().clamp_min(1e-30)
     rows = torch.where(torch.isfinite(rows), rows, torch.full_like(rows, math.inf))
     worst_row = int(rows.argmax())
-    worst_element = int((~within).float().argmax()) if not bool(within.all()) else None
+    first_bad = int((~within).float().argmax()) if not bool(within.all()) else None
     rel_rms = float((error ** 2).mean().sqrt()) / max(float((expected ** 2).mean().sqrt()), 1e-30)
     figures = {"elements": within.numel(), "bad_elements": int((~within).sum()),
                "unwritten": int(torch.isnan(got).sum()), "worst_row_rel_rms": float(rows[worst_row]),
                "worst_row": worst_row, "rel_rms": rel_rms if math.isfinite(rel_rms) else None}
-    if worst_element is not None:
+    if first_bad is not None:
         flat_got, flat_expected = got.reshape(-1), expected.reshape(-1)
-        figures["worst_element"] = {"index": worst_element, "got": float(flat_got[worst_element]),
-                                    "ref": float(flat_expected[worst_element])}
+        figures["first_bad_element"] = {"index": first_bad, "got": float(flat_got[first_bad]),
+                                        "ref": float(flat_expected[first_bad])}
     return figures
 
 
