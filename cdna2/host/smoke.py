@@ -2,7 +2,7 @@
 
     PYTHONPATH=<state_dir>/agent <target_python> -B -m cdna2.host.smoke --site-packages DIR --state-dir DIR \\
         --host-arch ARCH|none [--no-gpu-checks] [--expect-triton 3.7.1] [--timeout SECONDS] \\
-        [--warmup-timeout SECONDS] [--case-timeout SECONDS] [--json]
+        [--device-timeout SECONDS] [--warmup-timeout SECONDS] [--case-timeout SECONDS] [--json]
 
 Static checks always run: the gfx90a tree is present and is the one the deploy installed, every code object in it
 says gfx90a, no manifest row names a missing kernel, the patch transactions are applied, every other AITER and
@@ -733,13 +733,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the GPU checks (only for hosts whose GPU is a stand-in, such as the lab's)")
     parser.add_argument("--expect-triton", default=DEFAULT_TRITON, help="triton version required (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per static-check child")
+    parser.add_argument("--device-timeout", type=float, default=GpuLimits.device,
+                        help="seconds for the GPU device probe child (%(default)g)")
     parser.add_argument("--warmup-timeout", type=float, default=GpuLimits.warmup,
                         help="seconds for the GPU warm-up child, which may JIT-build AITER modules (%(default)g)")
     parser.add_argument("--case-timeout", type=float, default=GpuLimits.case,
                         help="seconds for each GPU case after the warm-up (%(default)g)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on one line (for the deploy)")
     args = parser.parse_args(argv)
-    limits = None if args.no_gpu_checks else GpuLimits(warmup=args.warmup_timeout, case=args.case_timeout)
+    limits = None if args.no_gpu_checks else GpuLimits(args.device_timeout, args.warmup_timeout, args.case_timeout)
     report = run_smoke(args.site_packages, args.state_dir, None if args.host_arch == "none" else args.host_arch,
                        args.expect_triton, args.timeout, limits)
     print(json.dumps(report, sort_keys=True) if args.json else json.dumps(report, indent=2, sort_keys=True))

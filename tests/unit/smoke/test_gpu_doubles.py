@@ -174,6 +174,14 @@ def test_an_unusable_device_on_a_gfx90a_host_fails_every_gpu_check(lab: Lab, cra
         assert reason in check["detail"], check
 
 
+def test_a_hung_device_probe_on_a_gfx90a_host_is_killed_and_fails_every_gpu_check(lab: Lab) -> None:
+    code, report = lab.smoke("--device-timeout", "20", device="hang")
+    assert code == 1
+    for check in gpu(report).values():
+        assert check["status"] == "failed", check
+        assert "its GPU cannot be used: timed out after 20 s; killed its process group" in check["detail"], check
+
+
 def test_a_crashing_device_probe_gets_no_recorded_pass(crashed_run) -> None:
     # The deploy's smoke operation, on a pyinfra @fake host that answers with what the smoke command printed.
     state, host, report = run_smoke_op(json.dumps(crashed_run[1]), host_arch="gfx90a")

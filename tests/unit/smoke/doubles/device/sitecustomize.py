@@ -9,7 +9,7 @@ until torch is imported; then:
   memory, ``synchronize`` returns at once, and large allocations (``empty``, ``empty_like``, ``full``) reuse freed
   blocks of the same size, as HIP's caching allocator does (the smoke test's NaN prefill relies on that);
 - ``crash``: as ``gfx90a``, but asking for the device's properties kills the process with SIGSEGV (a broken HIP
-  runtime or driver);
+  runtime or driver); ``hang``: asking for them never returns (a wedged driver);
 - ``none``: a ROCm build that sees no GPU (``/dev/kfd`` not accessible, ``HIP_VISIBLE_DEVICES`` empty).
 
 Not modelled: the device's own arithmetic (everything computes on the CPU), streams, real memory limits.
@@ -18,6 +18,7 @@ Not modelled: the device's own arithmetic (everything computes on the CPU), stre
 import os
 import signal
 import sys
+import time
 import weakref
 from importlib.abc import MetaPathFinder
 from importlib.machinery import PathFinder
@@ -56,6 +57,8 @@ def _install(torch):
     def properties(device=0):
         if MODE == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
+        while MODE == "hang":
+            time.sleep(60)
         return SimpleNamespace(name="AMD Instinct MI210 (device double: CPU)", gcnArchName="gfx90a:sramecc+:xnack-",
                                multi_processor_count=104)
 
