@@ -79,12 +79,13 @@ class GpuCheck:
 
 
 GPU_ARCH = "gfx90a"
+BATCHED_FMHA = r"^fmha_v3_fwd/(?!.*_group\.co$)"  # a batch-mode kernel: the group-mode ones end in _group.co
 GPU_CHECKS = (
-    GpuCheck("fmha_v3_fwd_bf16_hd128", "fmha_v3_fwd_noncausal", r"^fmha_v3_fwd/",
+    GpuCheck("fmha_v3_fwd_bf16_hd128", "fmha_v3_fwd_noncausal", BATCHED_FMHA,
              "fmha_v3_fwd bf16 head_dim 128, not causal"),
-    GpuCheck("fmha_v3_fwd_bf16_hd128_causal", "fmha_v3_fwd_causal", r"^fmha_v3_fwd/",
+    GpuCheck("fmha_v3_fwd_bf16_hd128_causal", "fmha_v3_fwd_causal", BATCHED_FMHA,
              "fmha_v3_fwd bf16 head_dim 128, causal"),
-    GpuCheck("fmha_v3_fwd_bf16_hd128_partial_tile", "fmha_v3_fwd_partial_tile", r"^fmha_v3_fwd/",
+    GpuCheck("fmha_v3_fwd_bf16_hd128_partial_tile", "fmha_v3_fwd_partial_tile", BATCHED_FMHA,
              "fmha_v3_fwd bf16 head_dim 128, causal, seqlen 1000 (a partial last tile)"),
     # The path vLLM's prefill takes: group mode, its own kernels.
     GpuCheck("fmha_v3_fwd_varlen_group", "fmha_v3_varlen_group", r"^fmha_v3_fwd/.*_group\.co$",

@@ -102,6 +102,10 @@ def test_correct_without_gfx90a_proof_is_a_fallback_and_fails() -> None:
     batched = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16_rtna.co GetFunction: k"
     assert smoke.judge_gpu_case(GROUP, child_report(captured=batched), gpu_run())["status"] == "failed", \
         "the varlen case must load a _group kernel"
+    group = batched.replace("fwd_hd128_bf16_rtna.co", "fwd_hd128_bf16_rtna_group.co")
+    assert smoke.judge_gpu_case(FMHA, child_report(captured=group), gpu_run())["status"] == "failed", \
+        "the batched cases must load a batch-mode kernel"
+    assert smoke.judge_gpu_case(FMHA, child_report(captured=batched), gpu_run())["status"] == "passed"
     elsewhere = PA_GFX90A.replace("/s/", "/other/site/")
     assert smoke.judge_gpu_case(PA, child_report(captured=elsewhere), gpu_run())["status"] == "failed", \
         "a gfx90a kernel outside the provisioned tree proves nothing about it"
