@@ -69,11 +69,13 @@ def test_without_a_gpu_and_without_data_the_host_is_left_alone():
 
 
 def test_gpu_checks_are_skipped_with_the_reason_no_gpu_can_exist():
-    checks, device = smoke.gpu_checks(1.0, "no GPU at build time (arch gfx90a from the host data key gpu_arch)")
+    # The arch is gfx90a (from data) and the checks are on, yet no GPU can exist: skipped, never failed or passed.
+    run = smoke.GpuRun(Path("/nonexistent"), Path("/nonexistent"), None, smoke.GpuLimits())
+    reason = "no GPU at build time (arch gfx90a from the host data key gpu_arch)"
+    checks, device = smoke.gpu_checks("gfx90a", run, reason)
     assert device is None and len(checks) == len(smoke.GPU_CHECKS)
     assert {check["status"] for check in checks} == {"skipped"}
-    assert all(check["detail"] == "skipped: no GPU at build time (arch gfx90a from the host data key gpu_arch)"
-               for check in checks)
+    assert all(check["detail"] == f"skipped: {reason}" for check in checks)
 
 
 class Named:
