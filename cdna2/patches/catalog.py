@@ -47,6 +47,7 @@ class Variant:
     present: tuple[Condition, ...] = ()
     absent: tuple[Condition, ...] = ()
     refusal: str = ""
+    leaves: tuple[tuple[str, str], ...] = ()  # (site id of another variant, why it is left as it is)
 
     def files(self) -> list[str]:
         return sorted({site.file for site in self.sites} | {c.file for c in self.present + self.absent})
@@ -149,7 +150,8 @@ def _patch_set(document: dict, source: Path) -> PatchSet:
                                 derived_from=raw_variant["derived_from"],
                                 sites=tuple(_site(raw) for raw in raw_variant["sites"]),
                                 present=_conditions(raw_variant, "present"), absent=_conditions(raw_variant, "absent"),
-                                refusal=refusal))
+                                refusal=refusal,
+                                leaves=tuple((raw["site"], raw["why"]) for raw in raw_variant.get("leaves", ()))))
     return PatchSet(name=document["name"], package=document["package"], role=document["role"],
                     summary=document["summary"], requires=tuple(document.get("requires", ())),
                     variants=tuple(variants), source=source)

@@ -1,4 +1,4 @@
-"""``python -m cdna2 patch {plan,apply,check,revert}``: the patch engine on one box, without pyinfra.
+"""``python -m cdna2 patch {plan,apply,check,revert,coverage}``: the patch engine on one box, without pyinfra.
 
 The same pieces the deploy uses: a local probe of the site-packages, ``plan_package`` per package, and the host
 transaction (``cdna2.host.txn``) plus JIT invalidation (``cdna2.host.jit``) run locally.
@@ -98,10 +98,28 @@ def _print_plan(package: str, plan: PackagePlan | None, show_diff: bool) -> None
     print(f"== {package} {plan.installed_version}: {plan.status}" + (f" ({', '.join(plan.sets)})" if plan.sets else ""))
     for reason in plan.reasons:
         print(f"   {reason}")
+    for note in plan.notes:
+        print(f"   note: {note}")
     for change in plan.changes:
         print(change.diff if show_diff else f"   would change {change.path}")
     if plan.jit_invalidations:
         print(f"   JIT outputs to remove after the change: {', '.join(plan.jit_invalidations)}")
+
+
+def _coverage(catalog: Catalog, as_json: bool) -> int:
+    from cdna2.patches import coverage
+
+    try:
+        trees = coverage.release_trees(catalog)
+    except coverage.SourceMissing as error:
+        print(f"coverage: {error}", file=sys.stderr)
+        return 1
+    results = [coverage.release_result(catalog, package, release, tree) for package, release, tree in trees]
+    print(coverage.to_json(results) if as_json else coverage.table(results, catalog))
+    required = {patch_set.name for patch_set in catalog.sets if not patch_set.optional}
+    failed = any(result.cycle != "ok" or any(result.cells[name] != "patched" for name in required & set(result.cells))
+                 for result in results)
+    return 1 if failed else 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -110,6 +128,11 @@ def _run(args: argparse.Namespace) -> int:
     except PatchDataError as error:
         print(f"patch data invalid: {error}", file=sys.stderr)
         return 1
+    if args.action == "coverage":
+        return _coverage(catalog, args.json)
+    if args.site_packages is None:
+        print(f"patch {args.action}: --site-packages is required", file=sys.stderr)
+        return 2
     args.site_packages = args.site_packages.resolve()
     unknown = sorted(set(args.sets) - set(catalog.optional_sets()))
     if unknown:
@@ -123,6 +146,9 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 result = txn.revert(_state_dir(args, package), args.site_packages)
                 result["jit"] = jit.invalidate(args.site_packages, result["jit_invalidations"])
+                if args.state_dir is None and (args.site_packages / STATE_DIR_NAME).is_dir() and not any(
+                        (args.site_packages / STATE_DIR_NAME).iterdir()):
+                    (args.site_packages / STATE_DIR_NAME).rmdir()  # RECORD does not list it
             except txn.TxnError as error:
                 result, failed = {"ok": False, "package": package, "error": str(error), "file": error.path}, True
             report["packages"].append(result)
@@ -157,10 +183,11 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("patch", help="plan, apply, check or revert the gfx90a patch sets on one box",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("plan", "apply", "check", "revert"),
+    parser.add_argument("action", choices=("plan", "apply", "check", "revert", "coverage"),
                         help="plan: show unified diffs; apply: patch; check: exit 1 unless every selected site is "
-                             "patched; revert: restore the originals")
-    parser.add_argument("--site-packages", type=Path, required=True, help="the site-packages holding the packages")
+                             "patched; revert: restore the originals; coverage: every set on every known AITER and "
+                             "vLLM release (real trees, cached), the whole cycle on each")
+    parser.add_argument("--site-packages", type=Path, help="the site-packages holding the packages (not coverage)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
                         help="enable an optional patch set (repeatable); required sets are always selected")
     parser.add_argument("--state-dir", type=Path, default=None,

@@ -166,10 +166,10 @@ def _unaccounted_gates(patch_set: PatchSet, variant: Variant, texts: dict[str, s
         return site.file, matching.code_key(text, site.file, site.match)
 
     own = {code(site, site.anchor) for site in variant.sites} | {code(site, site.replacement) for site in variant.sites}
-    left = []
+    left, known = [], {site_id for site_id, _ in variant.leaves}
     for other in patch_set.variants:
         for site in other.sites:
-            if code(site, site.anchor) in own or code(site, site.replacement) in own or texts[site.file] is None:
+            if site.id in known or code(site, site.anchor) in own or code(site, site.replacement) in own or texts[site.file] is None:
                 continue
             state = site_state(texts[site.file], site, patch_set.name, other.id)
             if state.unpatched_found or state.patched_found:
@@ -240,7 +240,7 @@ def _patched_text(path: str, text: str, sites: list[tuple[Site, SiteState]]) -> 
                 new_text = matching.splice(new_text, site.anchor, site.replacement, path, site.match)
             except matching.SpliceError as error:
                 raise _Refusal(f"{path}: site {site.id} of set {state.set_name}: {error}; write a variant for "
-                               f"this release (python -m cdna2 patch port)") from error
+                               f"this release") from error
     after_states = []
     for site, state in sites:
         after = site_state(new_text, site, state.set_name, state.variant)
@@ -256,7 +256,7 @@ def _patched_text(path: str, text: str, sites: list[tuple[Site, SiteState]]) -> 
     if not undoes:
         raise _Refusal(f"{path}: the patched file would not undo to the installed bytes (the installed text at a site "
                        f"is spelled differently from the anchor where the change rewrites it); write a variant for "
-                       f"this release (python -m cdna2 patch port)")
+                       f"this release")
     return new_text
 
 
@@ -372,6 +372,8 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
     for patch_set, variant, _ in chosen:
         plan.reasons.append(f"{package} {installed_version}: set {patch_set.name} variant {variant.id} matches the "
                             f"installed text (written for {', '.join(variant.versions)})")
+        plan.notes.extend(f"set {patch_set.name} variant {variant.id} leaves gate {site_id} as it is: {why}"
+                          for site_id, why in variant.leaves)
         if installed_version not in variant.versions:
             plan.notes.append(f"set {patch_set.name}: matched by text; no variant written for {installed_version}")
     plan.reasons.extend(f"{reason} (declined; the other sets apply)" for reason in plan.declined.values())
