@@ -3,6 +3,7 @@
 Each release is laid out as the installed package (only the files the catalog targets, with a RECORD that hashes
 them), cached under ``$CDNA2_CACHE/release-trees``:
 
+- amd-aiter 0.1.7.post2.dev18, the one wheel PyPI serves, from that wheel.
 - AITER from its git history (``$CDNA2_AITER_GIT``, a bare clone of ROCm/aiter): every tag v0.1.16 through
   v0.1.20.post1 and main's HEAD. The amd-aiter wheel installs repo ``csrc/`` and ``hsa/`` under ``aiter_meta/``
   (setup.py copies them there) and ``aiter/`` as it is.
@@ -24,6 +25,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import textwrap
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,18 +130,18 @@ def aiter_tree(git_dir: Path, ref: str, files: list[str]) -> Path:
     return _cached(f"amd-aiter-{version}-{_key(files)}", build)
 
 
-def vllm_tree(version: str, files: list[str]) -> Path:
-    """vLLM ``version`` from its PyPI wheel: its dist-info (real RECORD) and ``files``, no other file."""
+def wheel_tree(requirement: str, files: list[str]) -> Path:
+    """``name==version`` from its PyPI wheel: its dist-info (real RECORD) and ``files``, no other file."""
     from lab import wheelhouse
 
     def build(staging: Path) -> None:
-        with zipfile.ZipFile(wheelhouse.wheel(f"vllm=={version}")) as archive:
+        with zipfile.ZipFile(wheelhouse.wheel(requirement)) as archive:
             names = set(archive.namelist())
             dist_info = [name for name in names if name.split("/", 1)[0].endswith(".dist-info")]
             for name in dist_info + [name for name in files if name in names]:
                 archive.extract(name, staging)
 
-    return _cached(f"vllm-{version}-{_key(files)}", build)
+    return _cached(f"{requirement.replace('==', '-')}-{_key(files)}", build)
 
 
 @dataclass
@@ -250,40 +252,48 @@ def release_result(catalog: Catalog, package: str, release: str, tree: Path) -> 
 
 def release_trees(catalog: Catalog) -> list[tuple[str, str, Path]]:
     """(package, release, tree) for every release of the coverage matrix, AITER first."""
+    from lab.wheelhouse import AITER  # the only amd-aiter wheel PyPI serves
+
     git_dir = aiter_git()
     aiter_files, vllm_files = catalog.target_files("amd-aiter"), catalog.target_files("vllm")
-    trees = [("amd-aiter", ref, aiter_tree(git_dir, ref, aiter_files)) for ref in aiter_releases(git_dir)]
-    trees += [("vllm", version, vllm_tree(version, vllm_files)) for version in VLLM_RELEASES]
+    trees = [("amd-aiter", f"{AITER.partition('==')[2]} (wheel)", wheel_tree(AITER, aiter_files))]
+    trees += [("amd-aiter", ref, aiter_tree(git_dir, ref, aiter_files)) for ref in aiter_releases(git_dir)]
+    trees += [("vllm", version, wheel_tree(f"vllm=={version}", vllm_files)) for version in VLLM_RELEASES]
     return trees
 
 
+def _cell(row: ReleaseResult, name: str) -> str:
+    status = row.cells[name].split(":")[0]
+    return f"{status} ({row.variants[name]})" if status == "patched" else status
+
+
 def table(results: list[ReleaseResult], catalog: Catalog) -> str:
-    """One block per package: a row per release, a column per set ("patched", "refused"/"declined"), then reasons."""
+    """One block per package: a row per release, a column per set (patched with the variant, declined, refused),
+    then the reasons and notes, wrapped to 118 columns."""
     out = []
     for package in catalog.packages():
         rows = [result for result in results if result.package == package]
         if not rows:
             continue
         names = [patch_set.name for patch_set in catalog.sets_for(package)]
-        header = ["release", "version", *names, "cycle"]
-        body = [[row.release, row.version, *[row.cells[name].split(":")[0] for name in names],
-                 "ok" if row.cycle == "ok" else "FAILED"] for row in rows]
+        header = ["release", *names, "cycle"]
+        body = [[row.release, *[_cell(row, name) for name in names], "ok" if row.cycle == "ok" else "FAILED"]
+                for row in rows]
         widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
         out.append(f"{package}:")
         out.extend("  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
                    for line in [header, *body])
-        reasons_by: dict[str, list[str]] = {}
+        remarks = [f"{row.release} is version {row.version}" for row in rows
+                   if not row.release.removeprefix("v").startswith(row.version)]
         for row in rows:
-            for name in names:
-                if row.cells[name] != "patched":
-                    reasons_by.setdefault(row.cells[name].split(": ", 1)[1].splitlines()[0]
-                                          .split(": ", 1)[-1], []).append(f"{row.release} {name}")
-        for reason, where in reasons_by.items():
-            out.append(f"  - {', '.join(where)}: {reason}")
-        for row in rows:
-            out.extend(f"  - {row.release}: {note}" for note in row.notes)
+            remarks.extend(f"{row.release} {name}: {row.cells[name].split(': ', 1)[1]}" for name in names
+                           if row.cells[name] != "patched")
+            remarks.extend(f"{row.release}: {note}" for note in row.notes)
             if row.cycle != "ok":
-                out.append(f"  - {row.release}: cycle {row.cycle}")
+                remarks.append(f"{row.release}: cycle {row.cycle}")
+        out.extend(textwrap.fill(remark, width=118, initial_indent="  - ", subsequent_indent="    ",
+                                 break_on_hyphens=False)
+                   for remark in remarks)
         out.append("")
     return "\n".join(out)
 
@@ -293,4 +303,4 @@ def to_json(results: list[ReleaseResult]) -> str:
 
 
 __all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_releases", "aiter_tree", "release_result",
-           "release_trees", "table", "to_json", "vllm_tree", "VLLM_RELEASES"]
+           "release_trees", "table", "to_json", "wheel_tree", "VLLM_RELEASES"]

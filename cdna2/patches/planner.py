@@ -169,7 +169,8 @@ def _unaccounted_gates(patch_set: PatchSet, variant: Variant, texts: dict[str, s
     left, known = [], {site_id for site_id, _ in variant.leaves}
     for other in patch_set.variants:
         for site in other.sites:
-            if site.id in known or code(site, site.anchor) in own or code(site, site.replacement) in own or texts[site.file] is None:
+            if (site.id in known or code(site, site.anchor) in own or code(site, site.replacement) in own
+                    or texts[site.file] is None):
                 continue
             state = site_state(texts[site.file], site, patch_set.name, other.id)
             if state.unpatched_found or state.patched_found:

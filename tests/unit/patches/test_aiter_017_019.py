@@ -31,9 +31,13 @@ FIXTURE = {
         '    if(arch_id == "gfx942" && a.is_group_mode && a.hdim_q == 192 && a.hdim_v == 128)\n'
         '    if(arch_id == "gfx942" && a.hdim_q == 192 && a.hdim_v == 128)\n'
         '    if(!hdim_ok ||\n       ((arch_id != "gfx942") && (arch_id != "gfx950")))\n'),
-    "aiter/ops/gemm_op_a4w4.py": 'def gemm_a4w4(gfx_arch):\n    if gfx_arch in ["gfx942"]:\n        raise RuntimeError("A4W4 GEMM kernel is not supported on gfx942")\n',
-    "aiter/ops/quant.py": 'def quant_mxfp4_hip(x):\n    if (\n        x.dtype == dtypes.bf16\n        and get_gfx() != "gfx942"\n    ):\n        pass\n',
-    "aiter/jit/core.py": 'def build_module():\n    if True:\n        if get_gfx() != "gfx942" and int(os.getenv("AITER_FP4x2", "1")) > 0:\n            flags_hip += ["-D__Float4_e2m1fn_x2"]\n',
+    "aiter/ops/gemm_op_a4w4.py": ('def gemm_a4w4(gfx_arch):\n    if gfx_arch in ["gfx942"]:\n'
+                                  '        raise RuntimeError("A4W4 GEMM kernel is not supported on gfx942")\n'),
+    "aiter/ops/quant.py": ('def quant_mxfp4_hip(x):\n    if (\n        x.dtype == dtypes.bf16\n'
+                           '        and get_gfx() != "gfx942"\n    ):\n        pass\n'),
+    "aiter/jit/core.py": ('def build_module():\n    if True:\n'
+                          '        if get_gfx() != "gfx942" and int(os.getenv("AITER_FP4x2", "1")) > 0:\n'
+                          '            flags_hip += ["-D__Float4_e2m1fn_x2"]\n'),
     "aiter_meta/csrc/ck_gemm_a8w8/gen_instances.py": (
         "from gemm_a8w8_common import (  # noqa: E402\n    default_kernels_dict,\n    kernelInstance,\n    kernels_list,\n)\n"
         "\n\nclass gemm_a8w8_fwd_codegen:\n    def gen_instance(self):\n        if True:\n"
@@ -89,7 +93,8 @@ def test_sixteen_sites_apply_and_leave_fp8_lookalikes_alone(catalog, fixture_fil
 # One edit per section-12 site, each inside that site's anchor only (the file, the exact text, the drifted text):
 # each changes code, so each refuses.
 DRIFT = [
-    ("aiter/ops/mha.py", 'def can_impl_fmha_v3_fwd():\n        # fmha v3 is', 'def can_impl_fmha_v3(q):\n        # fmha v3 is'),
+    ("aiter/ops/mha.py", 'def can_impl_fmha_v3_fwd():\n        # fmha v3 is',
+     'def can_impl_fmha_v3(q):\n        # fmha v3 is'),
     ("aiter_meta/csrc/cpp_itfs/mha_fwd.cu", "cfg.bf16_cvt == bf16_cvt", "cfg.bf16_cvt == cvt"),
     ("aiter_meta/csrc/cpp_itfs/mha_fwd.cu", "auto pos = cfg_co_name.rfind('/');", "auto pos = cfg_co_name.find('/');"),
     ("aiter_meta/csrc/cpp_itfs/mha_fwd.cu", '128 && arch_id == "gfx942")', '128 && arch_id != "gfx942")'),

@@ -36,7 +36,8 @@ def test_plan_apply_check_revert(catalog, tmp_path, capsys):
     assert run(capsys, "check", "--site-packages", str(root))[0] == 0
 
     code, out = run(capsys, "revert", "--site-packages", str(root))
-    assert code == 0 and "restored aiter_meta/csrc/cpp_itfs/mha_fwd_generate.py" in out
+    assert code == 0 and "restored aiter/ops/gemm_op_a4w4.py, aiter_meta/csrc/cpp_itfs/mha_fwd_generate.py" in out
+    assert not (root / ".cdna2-patch-state").exists(), "revert leaves nothing RECORD does not list (no lock file)"
     after = snapshot(root)
     assert {path: digest for path, digest in after.items() if "/jit/" not in path} == \
         {path: digest for path, digest in before.items() if "/jit/" not in path}
