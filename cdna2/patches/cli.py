@@ -100,6 +100,8 @@ def _print_plan(package: str, plan: PackagePlan | None, show_diff: bool) -> None
         print(f"   {reason}")
     for note in plan.notes:
         print(f"   note: {note}")
+    for finding in plan.audit:
+        print(f"   audit: {finding}")
     for change in plan.changes:
         print(change.diff if show_diff else f"   would change {change.path}")
     if plan.jit_invalidations:

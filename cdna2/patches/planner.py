@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from cdna2.host.probe import record_hash
 from cdna2.patches import matching
+from cdna2.patches.audit import audit
 from cdna2.patches.catalog import Catalog, Condition, PatchSet, Site, Variant
 
 PRISTINE, PATCHED, MISMATCH, ABSENT = "pristine", "patched", "mismatch", "absent"
@@ -74,6 +75,7 @@ class PackagePlan:
     sites: list[SiteState] = field(default_factory=list)
     declined: dict[str, str] = field(default_factory=dict)  # optional set -> why upstream no longer has its feature
     notes: list[str] = field(default_factory=list)  # e.g. a version no variant was written for
+    audit: list[str] = field(default_factory=list)  # arch gates that still matter for gfx90a after this plan
 
     def transaction(self, root: str, backup_dir: str, staged: Mapping[str, str]) -> dict:
         """The change manifest ``cdna2.host.txn apply`` runs; ``staged``: where each changed path's new bytes wait.
@@ -91,7 +93,7 @@ class PackagePlan:
                 "sets": self.sets, "variants": self.variants, "reasons": self.reasons,
                 "changes": [change.to_json() for change in self.changes],
                 "jit_invalidations": self.jit_invalidations, "sites": [site.to_json() for site in self.sites],
-                "declined": self.declined, "notes": self.notes}
+                "declined": self.declined, "notes": self.notes, "audit": self.audit}
 
 
 class _Refusal(Exception):
@@ -378,4 +380,5 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
         if installed_version not in variant.versions:
             plan.notes.append(f"set {patch_set.name}: matched by text; no variant written for {installed_version}")
     plan.reasons.extend(f"{reason} (declined; the other sets apply)" for reason in plan.declined.values())
+    plan.audit = audit({**texts, **{change.path: change.new_bytes.decode("utf-8") for change in plan.changes}})
     return plan

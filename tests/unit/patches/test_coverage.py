@@ -160,3 +160,23 @@ def test_readme_carries_the_current_coverage_table(catalog, results):
     end = readme.index("```\n<!-- coverage:end -->")
     assert readme[start:end] == coverage.table(results, catalog) + "\n", \
         "README's coverage table is stale: paste the output of python -m cdna2 patch coverage"
+
+
+def test_audit_lists_gates_left_for_gfx90a_after_the_plan(catalog, trees, tmp_path):
+    """The fmha_v3 backward gates of AITER still refuse gfx90a (no set opens them, though the translator installs
+    most bwd kernels); stock vLLM 0.27.0's torch FP8 scaled-mm capability floor admits gfx90a until planned."""
+    tree = next(tree for _, name, tree in trees if name == "v0.1.19")
+    plan = plan_package(catalog, "amd-aiter", *probe(tree, catalog, "amd-aiter"), [])
+    assert plan.audit == [
+        'aiter/ops/mha.py:2285: ret = get_gfx() == "gfx942": still refuses gfx90a on an attention path whose kernels '
+        'are installed',
+        'aiter/ops/mha.py:3139: ret = get_gfx() == "gfx942": still refuses gfx90a on an attention path whose kernels '
+        'are installed']
+    from cdna2.patches.audit import audit
+
+    vllm = next(tree for _, name, tree in trees if name == "0.27.0")
+    _, files, _ = probe(vllm, catalog, "vllm")
+    stock = audit({path: data.decode() if data else None for path, data in files.items()})
+    assert stock == ["vllm/model_executor/kernels/linear/scaled_mm/pytorch.py:38: if compute_capability is not None "
+                     "and compute_capability < 89:: admits gfx90a to an FP8/FP4 path (capability 90 passes)"]
+    assert plan_package(catalog, "vllm", *probe(vllm, catalog, "vllm"), []).audit == []
