@@ -85,7 +85,7 @@ def _c_lines(text: str) -> tuple[CodeLine, ...]:
     return tuple(CodeLine(row, last_rows[row], tuple(rows[row])) for row in sorted(rows))
 
 
-@lru_cache(maxsize=512)
+@lru_cache(maxsize=256)  # keyed by whole file texts, so bounded: a plan reads each file and fragment once
 def code_lines(text: str, lang: str, fragment: bool) -> tuple[CodeLine, ...]:
     """The code lines of ``text``; ``fragment``: an anchor or replacement, not a whole file."""
     if lang == "python":

@@ -156,7 +156,9 @@ def _condition_failures(variant: Variant, texts: dict[str, str | None]) -> list[
         text = texts[condition.file]
         return text is not None and matching.count(text, condition.code, condition.file, matching.CODE) > 0
 
-    first_line = lambda condition: condition.code.strip().splitlines()[0]  # noqa: E731
+    def first_line(condition: Condition) -> str:
+        return condition.code.strip().splitlines()[0]
+
     return ([f"{c.file}: required code is missing: {first_line(c)!r}" for c in variant.present if not found(c)]
             + [f"{c.file}: holds code this variant does not handle: {first_line(c)!r}" for c in variant.absent
                if found(c)])
