@@ -69,11 +69,16 @@ def aiter_releases(git_dir: Path) -> list[str]:
 
 
 def aiter_version(git_dir: Path, ref: str) -> str:
-    """The version a build of ``ref`` reports: the tag's, or <last tag>.devN+g<sha> for a commit after it."""
+    """The version a build of ``ref`` reports (AITER's version comes from setuptools_scm, default scheme): the tag's,
+    or for a commit N after tag vX.Y.Z the next release's .devN with +g<sha>: main is 0.1.21.dev46+ge4048607a5."""
     described = _git(git_dir, "describe", "--tags", "--match", "v[0-9]*", "--long", ref).decode().strip()
     tag, distance, sha = described.rsplit("-", 2)
     version = tag.removeprefix("v")
-    return version if distance == "0" else f"{version}.dev{distance}+{sha}"
+    if distance == "0":
+        return version
+    release = version.split(".post")[0].split(".")
+    release[-1] = str(int(release[-1]) + 1)
+    return f"{'.'.join(release)}.dev{distance}+{sha}"
 
 
 def _key(files: list[str]) -> str:
