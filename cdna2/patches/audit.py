@@ -46,9 +46,12 @@ def audit_file(path: str, text: str) -> list[str]:
     if lang == "text":
         return []
     rows = text.splitlines()
-    findings = []
+    findings, seen = [], set()
     for line in matching.code_lines(text, lang, False):
         row = line.first_row
+        if row in seen:  # C/C++ code lines are tokens: one look per physical line
+            continue
+        seen.add(row)
         source = rows[row]
         if CAPABILITY_FLOOR.search(source):
             following = "\n".join(rows[row:row + 12])

@@ -1,10 +1,10 @@
 """Find a patch site by what its code does, not how it is spelled, and splice the change into the installed text.
 
-A site's anchor is compared with the installed file line by line of *code*: Python through ``tokenize`` without
-comments, blank lines, NL/NEWLINE tokens and trailing whitespace (indentation of each line still counts); C/C++
-without comments and without whitespace inside a line. Blank and comment-only lines are not code lines, so they may
-differ or be added or removed between code lines; a changed token, a changed indentation or a code line split
-differently is a mismatch. ``match: text`` sites (anchors that start or end inside a string literal) compare bytes.
+A site's anchor is compared with the installed file as *code*: Python line by line through ``tokenize`` without
+comments, blank lines, NL/NEWLINE tokens and trailing whitespace (indentation of each line still counts, and so
+does where a code line breaks); C/C++ token by token without comments and whitespace, line breaks included. Blank
+and comment-only lines are not code, so they may differ or be added or removed; a changed token, or in Python a
+changed indentation or line break, is a mismatch. ``match: text`` sites (anchors that start or end inside a string literal) compare bytes.
 
 Splicing keeps the installed text around each site: the lines the anchor and the replacement share at their start
 and end stay as installed, and only the lines in between are rewritten. Undoing a patched site is the same splice
@@ -34,7 +34,7 @@ class SpliceError(ValueError):
 
 @dataclass(frozen=True)
 class CodeLine:
-    first_row: int  # 0-based physical line where the code line starts
+    first_row: int  # 0-based physical line where the code line (a C/C++ token) starts
     last_row: int  # and where its last token ends (a multi-line string spans several)
     key: tuple
 
@@ -72,17 +72,16 @@ def _python_lines(text: str, fragment: bool) -> tuple[CodeLine, ...]:
 
 
 def _c_lines(text: str) -> tuple[CodeLine, ...]:
-    rows: dict[int, list] = {}
-    last_rows: dict[int, int] = {}
+    # Each C/C++ token is a unit of its own, so line breaks are whitespace too: "else {" matches "else\n{".
+    units = []
     row, position = 0, 0
     for match in _C_TOKEN.finditer(text):
         row += text.count("\n", position, match.start())
         position = match.start()
         token = match.group()
         if not token.startswith(("//", "/*")):
-            rows.setdefault(row, []).append(token)
-            last_rows[row] = row + token.count("\n")
-    return tuple(CodeLine(row, last_rows[row], tuple(rows[row])) for row in sorted(rows))
+            units.append(CodeLine(row, row + token.count("\n"), (token,)))
+    return tuple(units)
 
 
 @lru_cache(maxsize=256)  # keyed by whole file texts, so bounded: a plan reads each file and fragment once
@@ -155,13 +154,16 @@ def _boundary_row(pattern_rows: list[str], pattern_code: tuple[CodeLine, ...], f
     blank/comment rows that must then equal the installed rows exactly; None if neither walk holds.
     """
     after = next((j for j, line in enumerate(pattern_code) if line.first_row >= boundary), None)
-    if after is not None:
+    # A row boundary of the pattern must be one in the file too: no code of the other side on the same row.
+    if after is not None and (start + after == 0
+                              or file_code[start + after - 1].last_row < file_code[start + after].first_row):
         gap = pattern_code[after].first_row - boundary
         row = file_code[start + after].first_row - gap
         if row >= 0 and all(file_rows[row + k].rstrip() == pattern_rows[boundary + k].rstrip() for k in range(gap)):
             return row
     before = next((j for j in range(len(pattern_code) - 1, -1, -1) if pattern_code[j].last_row < boundary), None)
-    if before is not None:
+    if before is not None and (start + before + 1 >= len(file_code)
+                               or file_code[start + before].last_row < file_code[start + before + 1].first_row):
         first_gap_row = pattern_code[before].last_row + 1
         gap = boundary - first_gap_row
         row = file_code[start + before].last_row + 1

@@ -107,8 +107,7 @@ DRIFT = [
     ("aiter_meta/csrc/ck_gemm_a8w8/gen_instances.py", "    kernels_list,\n)", "    kernels_list,\n    extra,\n)"),
     ("aiter_meta/csrc/ck_gemm_a8w8/gen_instances.py", 'for ABDtype in ["I8", "F8"]:', 'for ABDtype in ["F8", "I8"]:'),
     ("aiter_meta/csrc/ck_gemm_a8w8/gen_instances.py", '"""\n        MAINFEST_template', '"""\n        MANIFEST_template'),
-    # Code lines are compared line by line, so joining two of them is a change even in C++.
-    ("aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu", "  else\n  {\n    if (x_scale", "  else {\n    if (x_scale"),
+    ("aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu", "  else\n  {\n    if (x_scale", "  else\n  {\n    if (!x_scale"),
     ("aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu", "    }\n  }\n  return Y;", "    }\n  }\n  return Y + 0;"),
 ]
 
@@ -120,6 +119,9 @@ SPELLING = [
     ("aiter_meta/csrc/ck_gemm_a8w8/gen_instances.py", "import (  # noqa: E402\n", "import (\n"),
     ("aiter_meta/csrc/ck_gemm_a8w8/gen_instances.py", "    kernels_list,\n)", "    kernels_list,  # all of them\n)"),
     ("aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu", "    }\n  }\n  return Y;", "    }\n  }\n\n  return Y;"),
+    ("aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu", "  else\n  {\n    if (x_scale", "  else {\n    if (x_scale"),
+    ("aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu", "false, \"Unsupported scales/output dtype!\");\n    }\n  }\n  return",
+     "false,\n                  \"Unsupported scales/output dtype!\");\n    }\n  }\n  return"),
 ]
 
 # The same code, but spelled differently on the very line a site rewrites: the patched file could not be undone to
@@ -129,6 +131,15 @@ RESPELLED_REWRITTEN_LINE = [
     ("aiter_meta/csrc/cpp_itfs/mha_fwd.cu", '(arch_id != "gfx950")))', '(arch_id != "gfx950")))  // v3 only'),
     ("aiter/jit/core.py", '"1")) > 0:', '"1"))  >  0:   '),
 ]
+
+
+def test_code_joined_on_the_row_where_a_site_inserts_refuses_by_name(catalog, fixture_files):
+    path = "aiter_meta/csrc/ck_gemm_a8w8/gemm_a8w8.cu"
+    joined = FIXTURE[path].replace("    }\n  }\n  return Y;", "    } }\n  return Y;")
+    result = plan(catalog, dict(fixture_files, **{path: joined.encode()}))
+    assert result.status == "refused" and result.changes == []
+    assert result.reasons[0].startswith(f"{path}: site a8w8-fp8-branch-close of set aiter-asm-paths: the code matches "
+                                        f"near line "), result.reasons
 
 
 @pytest.mark.parametrize("path, exact, respelled", RESPELLED_REWRITTEN_LINE,
