@@ -138,7 +138,11 @@ else:
         report.host(host.name).details[step] = plan.to_json()
         patch_sets[package] = plan.sets
         status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
-        report.step(host.name, step, status, ", ".join(plan.sets) or "; ".join(plan.reasons))
+        report.step(host.name, step, status, ", ".join(f"{name} (variant {plan.variants[name]})" for name in plan.sets)
+                    or "; ".join(plan.reasons))
+        report.host(host.name).notes.extend(f"{step}: {note}" for note in
+                                            plan.notes + list(plan.declined.values()) + [f"audit: {finding}" for
+                                                                                         finding in plan.audit])
         if status != UNCHANGED:  # to apply, or refused: the operation fails the host with the reasons
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=data.state_dir)
