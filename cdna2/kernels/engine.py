@@ -387,7 +387,8 @@ def _withheld_reason(audit: dict, policy: str) -> str:
 def _limitations(policy: str | None, kernels: dict[str, dict]) -> list[str]:
     texts = list(LIMITATIONS)
     if policy == "permissive":
-        short = sum(1 for entry in kernels.values() if entry.get("hazards", {}).get("verdict") == hazards.SHORT_STRAIGHT)
+        short = sum(1 for entry in kernels.values()
+                    if entry.get("hazards", {}).get("verdict") == hazards.SHORT_STRAIGHT)
         texts.append(f"kernel_hazard_policy permissive: every portable kernel is installed, {short} of them short of "
                      "gfx90a's MFMA wait states in straight-line code")
     return texts

@@ -486,16 +486,9 @@ class _Walker:
                 rule = VALU_READ if kind == VALU else MEM_READ
                 for path in paths:
                     for register in facts.reads:
-                        for j, end, path_class in reversed(path):
-                            present = here - end
-                            if present >= MAX_LOOKBACK:
-                                break
-                            dst = ins[j].dst
-                            if dst[0] <= register[1] and register[0] <= dst[1]:
-                                key = (j, i, rule, path_class)
-                                if key not in found or found[key][0] > present:
-                                    found[key] = (present, register)
-                                break
+                        hit = self._nearest_write(here, path, register)
+                        if hit:
+                            self._record(hit[0], i, rule, hit[2], hit[1], register)
                     for register in facts.writes:
                         hit = self._nearest_write(here, path, register)
                         if hit:
@@ -547,15 +540,11 @@ class _Walker:
             if register is None:
                 continue
             for path in paths:
-                for j, end, path_class in reversed(path):
-                    present = here - end
-                    if present >= MAX_LOOKBACK:
-                        break
-                    dst = ins[j].dst
-                    if dst[0] <= register[1] and register[0] <= dst[1]:
-                        rule = SRC_AB if operand < 2 else (SRCC_EXACT if dst == register else SRCC_OVERLAP)
-                        self._record(j, i, rule, path_class, present, register)
-                        break
+                hit = self._nearest_write(here, path, register)
+                if hit:
+                    j, present, path_class = hit
+                    rule = SRC_AB if operand < 2 else (SRCC_EXACT if ins[j].dst == register else SRCC_OVERLAP)
+                    self._record(j, i, rule, path_class, present, register)
         if first:  # VALU producers are found by a backward search, which does not depend on the pass
             self._valu_producers(i, facts)
 
