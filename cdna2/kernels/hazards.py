@@ -10,6 +10,14 @@ LLVM inserts. Each instruction counts one wait state, ``s_nop N`` counts N+1 (``
 As in LLVM, each register operand of a consumer is checked against the nearest earlier producer on each path
 (``getWaitStatesSinceDef``), looking back at most 19 wait states (15 for WAR).
 
+Covered (GCNHazardRecognizer.cpp, checkMAIHazards90A and checkMAIVALUHazards): an MFMA result read by VALU
+(``v_accvgpr_read``, DPP and SDWA included), VMEM/FLAT/LDS/export (VGPRs and AccVGPRs); SrcA/B and SrcC reads of a
+previous MFMA's result (same tuple and partial overlap); write-after-write; overwriting a register an MFMA reads as
+SrcC; VALU writes (``v_accvgpr_write`` included) and EXEC writes feeding an MFMA. Not covered: the DOT-instruction
+rules, the gfx90a DGEMM VALU-to-VMEM workaround (DMFMABetweenVALUWriteVMEMRead) and checkMFMAPadding (performance
+padding, off by default); no translated kernel holds a DOT or DGEMM instruction. Registers between
+``s_set_gpr_idx_on`` and ``_off`` are audited as named (``gpr_indexed_instructions`` counts them).
+
 Every dependency is classed by the path from producer to consumer: ``straight-line`` (no branch instruction on the
 path), ``fall-through`` (the path passes an ``s_cbranch`` not taken) or ``taken-branch`` (the path takes a branch,
 loop back edges included). A kernel's verdict: ``clean``, ``short-across-branches`` (short only on paths that cross
