@@ -457,6 +457,7 @@ class _Walker:
         back_out: dict[int, list[list]] = {}
         pending: dict[int, list[list]] = {}
         paths: list[list] = []
+        newest = 0  # end of the latest MFMA on any path: a consumer MAX_LOOKBACK after it has nothing to check
         horizon = 0
         start, last_back = (0, 0) if first else (min(back), max(back))
         for i in self.events[bisect_left(self.events, start):]:
@@ -466,6 +467,7 @@ class _Walker:
                 if incoming and not first:
                     horizon = max(horizon, pos[i] + MAX_LOOKBACK)
                 paths = paths + [list(path) for path in incoming if path not in paths]  # copies: mutated below
+                newest = max((path[-1][1] for path in paths), default=0)
             if not first and pos[i] >= horizon:
                 if not paths and not pending and i > last_back:
                     break
@@ -475,6 +477,7 @@ class _Walker:
             if kind == MFMA:
                 self._check_mfma(i, facts, paths, first)
                 entry = (i, pos[i] + facts.ws, STRAIGHT)
+                newest = entry[1]
                 if not paths:
                     paths = [[entry]]
                 else:
@@ -489,7 +492,7 @@ class _Walker:
                             if path not in unique:
                                 unique.append(path)
                         paths = unique
-            elif kind != SCALAR and paths:
+            elif kind != SCALAR and paths and pos[i] - newest < MAX_LOOKBACK:
                 here = pos[i]
                 rule = VALU_READ if kind == VALU else MEM_READ
                 for path in paths:
@@ -513,6 +516,7 @@ class _Walker:
                         known.extend(path for path in carried if path not in known)
                 if flow == CBRANCH and i + 1 < len(ins):  # (i + 1 is an event when it holds a consumer)
                     paths = self._carry(paths, i, i + 1, FALL_THROUGH)
+                    newest = max((path[-1][1] for path in paths), default=0)
                 else:
                     paths = []
         return back_out
