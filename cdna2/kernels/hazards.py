@@ -42,7 +42,8 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, compress
+from operator import attrgetter
 from pathlib import Path
 from typing import Iterable
 
@@ -199,6 +200,9 @@ _MEMORY_PREFIXES = ("buffer_", "tbuffer_", "global_", "flat_", "scratch_", "ds_"
 _RETURN_MODIFIER = re.compile(r"\s(glc|sc0)(\s|$)")  # an atomic returns the old value (gfx90a glc, gfx942 sc0)
 
 
+_WAIT_STATES = attrgetter("ws")
+
+
 class UnparsedError(ValueError):
     """The audit cannot tell which registers an instruction reads or writes."""
 
@@ -226,7 +230,7 @@ class Instruction:
     """What the audit needs of one instruction text."""
 
     __slots__ = ("text", "kind", "ws", "flow", "offset", "reads", "writes", "mfma", "dst", "srcs", "writes_exec",
-                 "legacy_valu", "gpr_index", "mask", "result_mask")
+                 "legacy_valu", "gpr_index", "mask", "result_mask", "write_mask")
 
     def __init__(self, text: str):
         self.text = text
@@ -246,6 +250,7 @@ class Instruction:
         else:
             raise UnparsedError(f"unknown instruction class {name!r}")
         self.mask = _mask(self.reads + self.writes)  # every vector register touched
+        self.write_mask = _mask(self.writes)
         self.result_mask = _mask((self.dst, self.srcs[2] or self.dst)) if self.mfma else 0
 
     def _scalar(self, name: str, operands: str) -> None:
@@ -382,6 +387,22 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
+class _Path:
+    """The MFMAs on one path within the look-back, (index, end position, path class) oldest first, and the union of
+    the registers they write or read as SrcC (a consumer touching none of them has nothing to check on this path)."""
+
+    __slots__ = ("entries", "mask")
+
+    def __init__(self, entries: list[tuple[int, int, int]], mask: int):
+        self.entries, self.mask = entries, mask
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Path) and self.entries == other.entries
+
+    def copy(self) -> "_Path":
+        return _Path(list(self.entries), self.mask)
+
+
 class _Walker:
     """Dependencies of one listing, found in one forward pass that carries every path into each instruction.
 
@@ -396,56 +417,68 @@ class _Walker:
     MAX_PASSES = 4
 
     def __init__(self, addresses: list[int], texts: list[str], target: str, audit: KernelAudit):
+        # Per-instruction work is done by C-level maps over the listing; Python loops run over distinct texts.
         self.target, self.audit = target, audit
         self.addresses, self.texts = addresses, texts
         self.ins: list[Instruction] = list(map(parse, texts))
-        for index, facts in enumerate(self.ins):
-            if facts.__class__ is str:
-                audit.unparsed.append((self.addresses[index], self.texts[index], facts))
-                self.ins[index] = parse("s_nop 0")  # one wait state, so that the rest of the kernel is still audited
-        self.pos = [0, *accumulate(facts.ws for facts in self.ins)]  # wait states issued before each instruction
+        distinct = set(self.ins)
+        if any(facts.__class__ is str for facts in distinct):
+            for index, facts in enumerate(self.ins):
+                if facts.__class__ is str:
+                    audit.unparsed.append((addresses[index], texts[index], facts))
+                    self.ins[index] = parse("s_nop 0")  # one wait state: the rest of the kernel is still audited
+            distinct = set(self.ins)
+        self.pos = [0, *accumulate(map(_WAIT_STATES, self.ins))]  # wait states issued before each instruction
         self.targets: dict[int, int] = {}  # branch index -> target index
         self.sources: dict[int, list[int]] = {}  # target index -> branch indices
         self.found: dict[tuple[int, int, str, int], tuple[int, tuple[int, int] | None]] = {}
-        index_of = {address: index for index, address in enumerate(self.addresses)}
+        special_facts = {facts for facts in distinct if facts.flow or facts.gpr_index or facts.mfma}
+        special = list(compress(range(len(self.ins)), map(special_facts.__contains__, self.ins)))
         mfma_registers, indexed_from = 0, None
-        special = [index for index, facts in enumerate(self.ins) if facts.flow or facts.gpr_index or facts.mfma]
-        for index in special:
-            facts = self.ins[index]
+        for facts in special_facts:
             if facts.mfma:
                 mfma_registers |= facts.result_mask
-            elif facts.gpr_index:
+        for index in special:
+            facts = self.ins[index]
+            if facts.gpr_index:
                 if facts.gpr_index == "on":
                     indexed_from = index + 1 if indexed_from is None else indexed_from
                 elif indexed_from is not None:
                     audit.gpr_indexed += index - indexed_from
                     indexed_from = None
-            elif facts.flow != END:
-                target_index = index_of.get(self.addresses[index] + 4 + 4 * facts.offset)
-                if target_index is None:
-                    audit.unresolved.append((self.addresses[index], self.texts[index]))
+            elif facts.flow and facts.flow != END:
+                address = addresses[index] + 4 + 4 * facts.offset
+                target_index = bisect_left(addresses, address)
+                if target_index == len(addresses) or addresses[target_index] != address:
+                    audit.unresolved.append((addresses[index], texts[index]))
                 else:
                     self.targets[index] = target_index
                     self.sources.setdefault(target_index, []).append(index)
         # Only these take part in the forward pass: MFMAs, branches, branch targets, and VALU/memory instructions that
         # touch a register some MFMA of this kernel writes or reads as SrcC.
-        self.events = sorted(set(special).union(self.sources, (
-            index for index, facts in enumerate(self.ins) if facts.mask & mfma_registers and facts.kind != MFMA)))
+        events = special_facts | {facts for facts in distinct if facts.mask & mfma_registers}
+        self.events = list(compress(range(len(self.ins)), map(events.__contains__, self.ins)))
+        if self.sources:
+            self.events = sorted(set(self.events).union(self.sources))
         audit.instructions = len(self.ins)
-        audit.mfmas = sum(1 for facts in self.ins if facts.mfma)
+        audit.mfmas = sum(1 for index in special if self.ins[index].mfma)
 
-    def _carry(self, paths: list[list], i: int, t: int, path_class: int) -> list[list]:
+    def _carry(self, paths: list[_Path], i: int, t: int, path_class: int) -> list[_Path]:
         """The paths leaving instruction i towards instruction t (a branch target or the next instruction)."""
         shift = self.pos[t] - self.pos[i] - self.ins[i].ws
         floor = self.pos[t] - MAX_LOOKBACK
-        carried = []
+        ins, carried = self.ins, []
         for path in paths:
-            kept = [(j, end + shift, max(old, path_class)) for j, end, old in path if end + shift > floor]
-            if kept and kept not in carried:
-                carried.append(kept)
+            kept = [(j, end + shift, max(old, path_class)) for j, end, old in path.entries if end + shift > floor]
+            if kept:
+                mask = 0
+                for j, _, _ in kept:
+                    mask |= ins[j].result_mask
+                if (new := _Path(kept, mask)) not in carried:
+                    carried.append(new)
         return carried
 
-    def _pass(self, back: dict[int, list[list]]) -> dict[int, list[list]]:
+    def _pass(self, back: dict[int, list[_Path]]) -> dict[int, list[_Path]]:
         """One forward pass; returns the paths each back edge carries to its target.
 
         The first pass (``back`` empty) follows every path but those through back edges. A later pass starts from
@@ -454,9 +487,9 @@ class _Walker:
         """
         ins, pos, found, sources, targets = self.ins, self.pos, self.found, self.sources, self.targets
         first = not back
-        back_out: dict[int, list[list]] = {}
-        pending: dict[int, list[list]] = {}
-        paths: list[list] = []
+        back_out: dict[int, list[_Path]] = {}
+        pending: dict[int, list[_Path]] = {}
+        paths: list[_Path] = []
         newest = 0  # end of the latest MFMA on any path: a consumer MAX_LOOKBACK after it has nothing to check
         horizon = 0
         start, last_back = (0, 0) if first else (min(back), max(back))
@@ -466,8 +499,8 @@ class _Walker:
                 incoming = pending.pop(i, []) + back.get(i, [])
                 if incoming and not first:
                     horizon = max(horizon, pos[i] + MAX_LOOKBACK)
-                paths = paths + [list(path) for path in incoming if path not in paths]  # copies: mutated below
-                newest = max((path[-1][1] for path in paths), default=0)
+                paths = paths + [path.copy() for path in incoming if path not in paths]  # copies: mutated below
+                newest = max((path.entries[-1][1] for path in paths), default=0)
             if not first and pos[i] >= horizon:
                 if not paths and not pending and i > last_back:
                     break
@@ -479,15 +512,22 @@ class _Walker:
                 entry = (i, pos[i] + facts.ws, STRAIGHT)
                 newest = entry[1]
                 if not paths:
-                    paths = [[entry]]
+                    paths = [_Path([entry], facts.result_mask)]
                 else:
                     floor = pos[i] - MAX_LOOKBACK
                     for path in paths:
-                        while path and path[0][1] <= floor:
-                            del path[0]
-                        path.append(entry)
+                        entries = path.entries
+                        if entries[0][1] <= floor:
+                            while entries and entries[0][1] <= floor:
+                                del entries[0]
+                            mask = 0
+                            for j, _, _ in entries:
+                                mask |= ins[j].result_mask
+                            path.mask = mask
+                        entries.append(entry)
+                        path.mask |= facts.result_mask
                     if len(paths) > 1:
-                        unique: list[list] = []
+                        unique: list[_Path] = []
                         for path in paths:
                             if path not in unique:
                                 unique.append(path)
@@ -496,6 +536,8 @@ class _Walker:
                 here = pos[i]
                 rule = VALU_READ if kind == VALU else MEM_READ
                 for path in paths:
+                    if not path.mask & facts.mask:
+                        continue
                     for register in facts.reads:
                         hit = self._nearest_write(here, path, register)
                         if hit:
@@ -516,15 +558,15 @@ class _Walker:
                         known.extend(path for path in carried if path not in known)
                 if flow == CBRANCH and i + 1 < len(ins):  # (i + 1 is an event when it holds a consumer)
                     paths = self._carry(paths, i, i + 1, FALL_THROUGH)
-                    newest = max((path[-1][1] for path in paths), default=0)
+                    newest = max((path.entries[-1][1] for path in paths), default=0)
                 else:
                     paths = []
         return back_out
 
-    def _nearest_write(self, here: int, path: list, register: tuple[int, int]) -> tuple[int, int, int] | None:
+    def _nearest_write(self, here: int, path: _Path, register: tuple[int, int]) -> tuple[int, int, int] | None:
         """(index, present, path class) of the nearest MFMA on `path` whose destination overlaps `register`."""
         ins = self.ins
-        for j, end, path_class in reversed(path):
+        for j, end, path_class in reversed(path.entries):
             present = here - end
             if present >= MAX_LOOKBACK:
                 return None
@@ -533,10 +575,10 @@ class _Walker:
                 return j, present, path_class
         return None
 
-    def _nearest_srcc_read(self, i: int, path: list, register: tuple[int, int]) -> None:
+    def _nearest_srcc_read(self, i: int, path: _Path, register: tuple[int, int]) -> None:
         # IsSMFMAReadAsCFn: the nearest MFMA (not DGEMM) whose SrcC overlaps the register
         here, ins = self.pos[i], self.ins
-        for j, end, path_class in reversed(path):
+        for j, end, path_class in reversed(path.entries):
             present = here - end
             if present >= MAX_WAR_LOOKBACK:
                 return
@@ -546,12 +588,15 @@ class _Walker:
                 self._record(j, i, WAR, path_class, present, register)
                 return
 
-    def _check_mfma(self, i: int, facts: Instruction, paths: list[list], first: bool) -> None:
+    def _check_mfma(self, i: int, facts: Instruction, paths: list[_Path], first: bool) -> None:
         here, ins = self.pos[i], self.ins
         for operand, register in enumerate(facts.srcs):
             if register is None:
                 continue
+            register_mask = (1 << (register[1] + 1)) - (1 << register[0])
             for path in paths:
+                if not path.mask & register_mask:
+                    continue
                 hit = self._nearest_write(here, path, register)
                 if hit:
                     j, present, path_class = hit
@@ -570,7 +615,7 @@ class _Walker:
             for p in range(i - 1, i - 5, -1):
                 facts = ins[p]
                 if facts.legacy_valu:
-                    if distance < 2 and wanted:
+                    if distance < 2 and wanted and facts.write_mask & consumer.mask:
                         for register in list(wanted):
                             if any(_overlaps(written, register) for written in facts.writes):
                                 self._record(p, i, VALU_WRITE, STRAIGHT, distance, register)
@@ -612,7 +657,7 @@ class _Walker:
             self.found[key] = (present, register)
 
     def run(self) -> None:
-        seen: dict[int, list[list]] = {}
+        seen: dict[int, list[_Path]] = {}
         back = self._pass({})
         for _ in range(self.MAX_PASSES):
             back = {t: new for t, paths in back.items() if (new := [p for p in paths if p not in seen.get(t, [])])}
