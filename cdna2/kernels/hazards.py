@@ -47,6 +47,10 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Iterable
 
+from cdna2.host import elf
+from cdna2.kernels import isa
+from cdna2.kernels.llvm import parse_objdump_line
+
 # Bump whenever a verdict may change for the same input (rules, parsing, path classes).
 AUDIT_VERSION = "1"
 TARGETS = ("gfx90a", "gfx942")
@@ -57,10 +61,10 @@ VERDICTS = (CLEAN, SHORT_BRANCHES, SHORT_STRAIGHT, UNAUDITED)
 STRAIGHT, FALL_THROUGH, TAKEN = 0, 1, 2
 PATH_NAMES = ("straight-line", "fall-through", "taken-branch")
 
-# What each policy installs (kernel_hazard_policy, host data). "default": a kernel short in straight-line code
-# would read an MFMA result before gfx90a has written it on every execution, so it is withheld; a kernel short only
-# across branches is installed and listed (the branch's own issue time may cover the gap: fmha_v3_fwd, short only
-# there, is validated numerically on MI210s).
+# What each policy installs (kernel_hazard_policy, host data). "default": a kernel short in straight-line code is
+# short every time that code runs, so it is withheld; a kernel short only across branches is installed and listed
+# (the time a taken branch costs may cover the gap: fmha_v3_fwd, short only there, is the family validated
+# numerically on MI210s).
 POLICIES = {
     "default": (CLEAN, SHORT_BRANCHES),
     "strict": (CLEAN,),
@@ -123,11 +127,11 @@ class Mfma:
 @lru_cache(maxsize=None)
 def mfma_facts(name: str) -> Mfma | None:
     """Passes and XDL-ness of an MFMA mnemonic (either spelling) on both targets; None when not an MFMA we know."""
-    from cdna2.kernels.isa import RENAMES  # the gfx942 -> gfx90a spellings, which name LLVM's opcodes
     shape = _MFMA_SHAPE.match(name)
     if not shape:
         return None
-    opcode = _OPCODE_SPELLING.get(name, RENAMES.get(name, name)).upper()
+    # LLVM's opcodes are named after the gfx90a spellings (isa.RENAMES maps gfx942's to them)
+    opcode = _OPCODE_SPELLING.get(name, isa.RENAMES.get(name, name)).upper()
     passes = {}
     for target, table in _PASSES.items():
         passes[target] = next((count for pattern, count in table if re.match(pattern, opcode)), None)
@@ -414,7 +418,9 @@ class _Walker:
     backwards from the MFMA instead.
     """
 
-    MAX_PASSES = 4
+    # Each later pass follows paths one more time round a loop, and a loop costs at least one wait state per turn:
+    # after MAX_LOOKBACK passes every MFMA a back edge could bring is out of the look-back.
+    MAX_PASSES = MAX_LOOKBACK
 
     def __init__(self, addresses: list[int], texts: list[str], target: str, audit: KernelAudit):
         # Per-instruction work is done by C-level maps over the listing; Python loops run over distinct texts.
@@ -666,7 +672,6 @@ class _Walker:
             for t, paths in back.items():
                 seen.setdefault(t, []).extend(paths)
             back = self._pass(back)
-        raise UnparsedError("back-edge states did not settle")  # cannot happen: paths expire within 19 wait states
 
     def edges(self) -> None:
         audit, target, ins = self.audit, self.target, self.ins
@@ -711,7 +716,6 @@ def _audit(addresses: list[int], texts: list[str], target: str) -> KernelAudit:
 def listing_from_objdump(lines: list[str]) -> list[tuple[int, int, str]]:
     """(address, size, text) from llvm-objdump instruction lines; branch targets, which objdump may print as
     labels, are put back as the encoded offset (the low 16 bits of the first word)."""
-    from cdna2.kernels.llvm import parse_objdump_line
     listing = []
     for line in lines:
         address, text, words = parse_objdump_line(line)
@@ -732,8 +736,6 @@ def installs(policy: str, verdict: str) -> bool:
 
 def audit_batch(src_root: str, relpaths: list[str], texts: dict[bytes, str], target: str) -> list[tuple[str, dict]]:
     """Audit each code object: its .text cut into instructions, each spelt as `texts` gives it."""
-    from cdna2.host import elf
-    from cdna2.kernels import isa
     results = []
     for relpath in relpaths:
         data = Path(src_root, relpath).read_bytes()

@@ -217,6 +217,14 @@ def test_loop_back_edge(llvm_tools):
     assert (edge.path, edge.present, edge.producer_address, edge.consumer_address) == ("taken-branch", 1, 8, 0)
 
 
+def test_tight_loop_settles(llvm_tools):
+    # 3 wait states a turn: paths go round the loop several times within the look-back; the nearest MFMA counts.
+    listing = assembled(llvm_tools, [READ_V1, MFMA_16, "s_cbranch_scc1 65532", "s_endpgm"])
+    audit = audit_listing(listing)
+    assert [(e.rule, e.path, e.present, e.needed) for e in audit.short_edges] == [
+        (hazards.VALU_READ, "taken-branch", 1, 11)], "the MFMA reads its own result as SrcC: 0 needed on gfx90a"
+
+
 def test_unconditional_branch_has_no_fall_through(llvm_tools):
     listing = assembled(llvm_tools, [MFMA_16, "s_branch 1", READ_V1, "s_nop 7", "s_nop 7", "s_endpgm"])
     assert audit_listing(listing).verdict == hazards.CLEAN, "the read after s_branch is never reached from the MFMA"
