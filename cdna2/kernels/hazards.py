@@ -262,7 +262,11 @@ class Instruction:
             self.ws = int(operands, 0) + 1
         elif name in ("s_branch", "s_call_b64") or name.startswith("s_cbranch_"):
             self.flow = BRANCH if name == "s_branch" else CBRANCH  # a call returns: it falls through, as cbranch
-            simm16 = int(operands.rsplit(",", 1)[-1].strip(), 0)
+            target = operands.rsplit(",", 1)[-1].strip()
+            if not target.isdigit():
+                raise UnparsedError(f"branch target {target!r} is not the encoded offset (objdump listings go "
+                                    "through listing_from_objdump)")
+            simm16 = int(target)
             self.offset = simm16 - 0x10000 if simm16 >= 0x8000 else simm16
         elif name.startswith(("s_endpgm", "s_setpc_", "s_swappc_", "s_rfe_")):
             self.flow = END  # the program ends or continues at an address held in registers

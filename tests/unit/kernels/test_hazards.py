@@ -253,6 +253,8 @@ def test_unparsed_line_and_unresolved_branch_are_never_clean():
     assert audit.verdict == hazards.UNAUDITED
     assert audit.unparsed[0][0] == 0 and "no pass count" in audit.unparsed[0][2]
     assert audit.unresolved == [(8, "s_branch 7")]
+    labelled = audit_listing([(0, 4, "s_branch label_0001"), (4, 4, "s_endpgm")])
+    assert labelled.verdict == hazards.UNAUDITED and "listing_from_objdump" in labelled.unparsed[0][2]
 
 
 @pytest.mark.parametrize("text, reads, writes", [
