@@ -316,7 +316,7 @@ class Instruction:
             self.reads = tuple(_ranges(operands))
 
 
-@lru_cache(maxsize=1 << 17)
+@lru_cache(maxsize=None)  # a tree has about 100k distinct instruction texts
 def parse(text: str) -> Instruction | str:
     """The instruction's facts, or the reason it cannot be parsed."""
     try:
@@ -470,6 +470,9 @@ class _Walker:
         self.events = list(compress(range(len(self.ins)), map(events.__contains__, self.ins)))
         if self.sources:
             self.events = sorted(set(self.events).union(self.sources))
+        # Instructions with a branch or a branch target among the 4 before them (VALU producers: searched by path)
+        self.near_branches = {index + step for index in special if self.ins[index].flow for step in range(1, 5)}
+        self.near_branches.update(t + step for t in self.sources for step in range(4))
         audit.instructions = len(self.ins)
         audit.mfmas = sum(1 for index in special if self.ins[index].mfma)
 
@@ -618,8 +621,7 @@ class _Walker:
     def _valu_producers(self, i: int, consumer: Instruction) -> None:
         """The nearest VALU (not MFMA, not DOT) on each path writing each MFMA source (2) or EXEC (4)."""
         ins, sources = self.ins, self.sources
-        if i >= 4 and not any(k in sources for k in range(i - 3, i + 1)) and not any(
-                ins[k].flow for k in range(i - 4, i)):
+        if i >= 4 and i not in self.near_branches:
             # Straight-line code for the 4 instructions before (4 wait states at the least): one path.
             wanted, exec_wanted, distance = list(consumer.reads), True, 0
             for p in range(i - 1, i - 5, -1):
