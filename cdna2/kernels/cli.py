@@ -71,7 +71,8 @@ def hazard_lines(report: dict) -> list[str]:
         audit = report["kernels"][relpath]["hazards"]
         worst = audit["worst"]
         edge = (f"{worst['present']}/{worst['needed']} wait states {worst['producer_address']} -> "
-                f"{worst['consumer_address']} ({worst['consumer'].split()[0]})" if worst else "audit incomplete")
+                f"{worst['consumer_address']} ({worst['consumer'].split()[0]}"
+                f"{', passes s_waitcnt/s_barrier' if worst['passes_wait'] else ''})" if worst else "audit incomplete")
         withheld = " (withheld)" if relpath in summary["withheld"] else ""
         lines.append(f"  {audit['verdict']} {relpath}{withheld}: {edge}")
     across = summary["short_kernels"]["short-across-branches"]

@@ -46,8 +46,9 @@ LIMITATIONS = (
     "spacing and gfx90a's MFMAs take twice the passes (a read of a 16x16x16 result needs 11 wait states, not 7; "
     "32x32x8: 19, not 11); kernel_hazard_policy decides which kernels are installed (default: none short in "
     "straight-line code, those short only across branches listed). Wait states the hardware may add on its own "
-    "(the time a taken branch costs) are not credited: a kernel short across branches is a risk, not a proven "
-    "fault.",
+    "are not credited, as in LLVM: a taken branch, s_waitcnt and s_barrier count one wait state each though they "
+    "may stall longer, so a short edge is a risk, not a proven fault (the report says which straight-line ones "
+    "pass an s_waitcnt or s_barrier).",
     "Every newly enabled kernel family needs numerical validation on a real MI210 (done by the smoke checks for "
     "fmha_v3_fwd and pa_fwd_asm only).",
 )
@@ -392,9 +393,13 @@ def _limitations(policy: str | None, kernels: dict[str, dict]) -> list[str]:
     def most(verdict: str) -> int:
         return max((audit["worst"]["needed"] - audit["worst"]["present"] for audit in by_verdict[verdict]), default=0)
 
+    straight = by_verdict[hazards.SHORT_STRAIGHT]
+    edges = sum(audit["short_edges"]["straight-line"] for audit in straight)
+    waits = sum(audit["straight_line_passing_wait"] for audit in straight)
     texts = [*LIMITATIONS, (
-        f"Measured on this tree: of {len(audits)} portable kernels, {len(by_verdict[hazards.SHORT_STRAIGHT])} are "
-        f"short of gfx90a's MFMA wait states in straight-line code (by up to {most(hazards.SHORT_STRAIGHT)}), "
+        f"Measured on this tree: of {len(audits)} portable kernels, {len(straight)} are short of gfx90a's MFMA "
+        f"wait states in straight-line code (by up to {most(hazards.SHORT_STRAIGHT)}; {waits} of their {edges} "
+        f"short straight-line edges pass an s_waitcnt or s_barrier), "
         f"{len(by_verdict[hazards.SHORT_BRANCHES])} only on paths across a branch (by up to "
         f"{most(hazards.SHORT_BRANCHES)}), {len(by_verdict[hazards.UNAUDITED])} could not be audited, "
         f"{len(by_verdict[hazards.CLEAN])} are clean.")]

@@ -205,6 +205,7 @@ _RETURN_MODIFIER = re.compile(r"\s(glc|sc0)(\s|$)")  # an atomic returns the old
 
 
 _WAIT_STATES = attrgetter("ws")
+_STALLS = ("s_waitcnt", "s_barrier", "s_sleep")  # may take longer than the one wait state they count
 
 
 class UnparsedError(ValueError):
@@ -339,12 +340,15 @@ class ShortEdge:
     present: int
     gfx942_needed: int  # what gfx942 needs at the same edge (the source's own chip)
     short_on_gfx942: bool  # below gfx942's rule too, after the staggered-writeback credit
+    # Straight-line edges: whether an s_waitcnt or s_barrier lies between. It counts one wait state, as in LLVM, but
+    # may stall for longer when it runs; None on paths across branches (which path it is, is not kept).
+    passes_wait: bool | None = None
 
     def to_json(self) -> dict:
         return {"producer_address": f"{self.producer_address:#x}", "consumer_address": f"{self.consumer_address:#x}",
                 "producer": self.producer, "consumer": self.consumer, "rule": self.rule, "path": self.path,
                 "needed": self.needed, "present": self.present, "gfx942_needed": self.gfx942_needed,
-                "short_on_gfx942": self.short_on_gfx942}
+                "short_on_gfx942": self.short_on_gfx942, "passes_wait": self.passes_wait}
 
 
 @dataclass
@@ -383,6 +387,7 @@ class KernelAudit:
             "target": self.target, "audit_version": AUDIT_VERSION, "verdict": self.verdict,
             "instructions": self.instructions, "mfmas": self.mfmas, "dependencies": self.dependencies,
             "short_edges": paths, "short_on_gfx942": sum(e.short_on_gfx942 for e in self.short_edges),
+            "straight_line_passing_wait": sum(bool(e.passes_wait) for e in self.short_edges),
             "staggered": self.staggered, "worst": worst.to_json() if worst else None,
             "edges": [edge.to_json() for edge in self.short_edges[:MAX_EDGES_LISTED]],
             "unparsed": [{"address": f"{a:#x}", "text": t, "reason": why} for a, t, why in self.unparsed],
@@ -696,10 +701,13 @@ class _Walker:
             else:
                 short = present < need
             if short:
+                passes_wait = (any(text.startswith(_STALLS) for text in self.texts[j + 1:i]) if path == STRAIGHT
+                               else None)
                 audit.short_edges.append(ShortEdge(
                     producer_address=self.addresses[j], consumer_address=self.addresses[i],
                     producer=self.texts[j], consumer=self.texts[i], rule=rule, path=PATH_NAMES[path],
-                    needed=need, present=present, gfx942_needed=need_942, short_on_gfx942=short_942))
+                    needed=need, present=present, gfx942_needed=need_942, short_on_gfx942=short_942,
+                    passes_wait=passes_wait))
 
 
 def audit_listing(listing: Iterable[tuple[int, int, str]], target: str = "gfx90a") -> KernelAudit:

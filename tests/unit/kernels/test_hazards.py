@@ -190,8 +190,16 @@ READ_V1 = "v_add_f32_e32 v8, v1, v9"
 def test_s_nop_n_counts_n_plus_one(llvm_tools):
     listing = assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 1", READ_V1])
     (edge,) = audit_listing(listing).short_edges
-    assert (edge.present, edge.needed, edge.path) == (10, 11, "straight-line")
+    assert (edge.present, edge.needed, edge.path, edge.passes_wait) == (10, 11, "straight-line", False)
     assert audit_listing(assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 2", READ_V1])).verdict == hazards.CLEAN
+
+
+def test_straight_line_edge_says_whether_it_passes_a_wait(llvm_tools):
+    listing = assembled(llvm_tools, [MFMA_16, "s_waitcnt lgkmcnt(0)", "s_barrier", READ_V1])
+    (edge,) = audit_listing(listing).short_edges
+    assert (edge.present, edge.passes_wait) == (2, True), "each counts one wait state, as in LLVM"
+    branch = audit_listing(assembled(llvm_tools, [MFMA_16, "s_cbranch_scc0 0", READ_V1])).short_edges
+    assert {edge.passes_wait for edge in branch} == {None}
 
 
 def test_fall_through_across_a_branch(llvm_tools):
