@@ -419,12 +419,11 @@ class _Path:
 class _Walker:
     """Dependencies of one listing, found in one forward pass that carries every path into each instruction.
 
-    The state before an instruction is a list of paths, each the MFMAs issued on it within the look-back, as
-    (index, end position, path class) oldest first; end positions are rebased when a path follows a branch, so the
-    wait states between an MFMA and the current instruction are always ``pos[i] - end``. A branch target receives a
-    copy of the state at each branch into it; a back edge's copy comes from the previous pass, and passes repeat
-    until those copies no longer change. VALU producers (2 and 4 wait states before an MFMA) are searched
-    backwards from the MFMA instead.
+    The state before an instruction is a list of paths (_Path), each the MFMAs issued on it within the look-back;
+    end positions are rebased when a path follows a branch, so the wait states between an MFMA and the current
+    instruction are always ``pos[i] - end``. A branch target receives a copy of the state at each branch into it; a
+    back edge's copy is known only after a pass, so later passes follow just the new paths back edges bring, until
+    none is new. VALU producers (2 and 4 wait states before an MFMA) are searched backwards from the MFMA instead.
     """
 
     # Each later pass follows paths one more time round a loop, and a loop costs at least one wait state per turn:
