@@ -31,7 +31,9 @@ API (also what padding short edges with ``s_nop``, issue 17, builds on):
         (``llvm-mc -disassemble``; objdump lines go through ``listing_from_objdump``), gfx90a or gfx942 spelling.
         Re-audit a re-assembled listing by calling it again.
     KernelAudit.short_edges: [ShortEdge(producer_address, consumer_address, producer, consumer, rule, path,
-                                        needed, present, gfx942_needed, short_on_gfx942)], in consumer order
+                                        needed, present, gfx942_needed, short_on_gfx942, passes_wait)], in
+        consumer order; padding an edge with needed - present wait states (s_nop N gives N+1) between producer
+        and consumer, on its path, is what LLVM would insert
     KernelAudit.verdict, .worst (the edge the verdict rests on), .to_json()
     audit_batch(...): the engine's stage, run in worker processes over code objects.
 """
