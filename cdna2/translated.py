@@ -2,9 +2,10 @@
 
 The cache (``<cache>/kernels``) holds, per source digest (the probe's RECORD digest of ``hsa/gfx942``):
 ``sources/<digest>/gfx942`` the source tree, fetched once from a host that has it, and
-``translated/<digest>/<kernel hazard policy>/`` the gfx90a tree with its translation report; plus ``archives/<output digest>.tar.gz``, the deterministic archive
-that hosts receive. Translation runs as ``python -m cdna2 translate`` in a child process, whose own cache makes a
-repeated translation of the same inputs cost no LLVM work.
+``translated/<digest>/<kernel hazard policy>/`` the gfx90a tree with its translation report; plus
+``archives/<output digest>.tar.gz``, the deterministic archive that hosts receive. Translation runs as
+``python -m cdna2 translate`` in a child process, whose own cache makes a repeated translation of the same inputs
+cost no LLVM work.
 """
 
 from __future__ import annotations
