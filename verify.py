@@ -14,6 +14,7 @@ from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
 from cdna2.kernels.hazards import AUDIT_VERSION
 from cdna2.patches import plan_package
+from cdna2.plan import with_data_arch
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import HostProbe
 from operations.patches import probe_files
@@ -31,6 +32,7 @@ probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=dat
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()},
                       record_check=catalog.packages())
+probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})
@@ -43,5 +45,8 @@ for package in deployed_sets:
                                       [name for name in deployed_sets[package] if name in catalog.optional_sets()])
 
 drift = find_drift(probe, plans, {"policy": data.kernel_hazard_policy, "audit_version": AUDIT_VERSION})
+if (((probe["state"] or {}).get("deployed") or {}).get("kernel_hazards") or {}).get("policy") == "permissive":
+    report.host(host.name).notes.append("kernels installed under kernel_hazard_policy permissive: kernels short of "
+                                        "gfx90a's MFMA wait states in straight-line code may be among them")
 report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
 drift_free(name="verify: the host is as deployed", drift=drift)

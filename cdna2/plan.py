@@ -7,6 +7,22 @@ from typing import Any
 TARGET_ARCH = "gfx90a"
 
 
+NO_GPU_AT_BUILD = "no GPU at build time"
+
+
+def with_data_arch(probe: dict[str, Any], gpu_arch: str | None) -> tuple[dict[str, Any], str | None]:
+    """The probe with its GPU arch taken from host data when it found no GPU, and why GPU checks cannot run.
+
+    An image is built where no GPU exists, so the arch it is built for can only come from data (``gpu_arch``).
+    A device the probe does find always wins: the data's arch is then ignored and the GPU checks run as usual.
+    """
+    gpu = probe["gpu"]
+    if gpu_arch is None or gpu["agents"]:
+        return probe, None
+    reason = f"{NO_GPU_AT_BUILD} (arch {gpu_arch} from the host data key gpu_arch)"
+    return {**probe, "gpu": {**gpu, "arch": gpu_arch, "arches": [gpu_arch], "source": "host data gpu_arch"}}, reason
+
+
 def arch_skip_reason(probe: dict[str, Any]) -> str | None:
     """Why translation and patching leave this host alone, or None when it is a gfx90a host."""
     gpu = probe["gpu"]

@@ -73,7 +73,9 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
         The archive is uploaded into ``<state_dir>/staging``, checked against its checksum, unpacked beside
         ``hsa/``, checked against the tree digest, and only then exchanged with ``hsa/gfx90a`` in one rename;
         the previous tree stays as ``hsa/.gfx90a.previous``. Nothing is uploaded when the installed tree
-        already has the digest. After a swap, the JIT modules built from the tree's loaders are removed.
+        already has the digest. After a swap, the JIT modules built from the tree's loaders, and every module
+        that compiles in a kernel table generated from the ``hsa/<arch>`` trees (``module_attention_asm``,
+        ``module_fmha_v3_*``: AITER's ``optCompilerConfig.json`` says which), are removed.
 
     **Example:**
 
@@ -102,5 +104,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
     yield agent_command(target_python, state_dir, "kernels", "install", "--archive", remote_archive,
                         "--sha256", tree.archive_sha256, "--digest", tree.digest,
                         "--hsa-root", hsa_root, "--state-dir", state_dir)
-    if tree.invalidates:
-        yield agent_command(target_python, state_dir, "jit", "--root", site_packages, *tree.invalidates)
+    # Modules built from the old tree's loaders or kernel tables would keep serving it ("cannot get heuristic
+    # kernel!"): they go with it and rebuild on first use.
+    yield agent_command(target_python, state_dir, "jit", "--root", site_packages, "--kernel-tree-modules",
+                        *tree.invalidates)

@@ -75,9 +75,16 @@ def hazard_lines(report: dict) -> list[str]:
         audit = report["kernels"][relpath]["hazards"]
         worst = audit["worst"]
         edge = (f"{worst['present']}/{worst['needed']} wait states {worst['producer_address']} -> "
-                f"{worst['consumer_address']} ({worst['consumer'].split()[0]})" if worst else "audit incomplete")
+                f"{worst['consumer_address']} ({worst['consumer'].split()[0]}"
+                f"{', passes s_waitcnt/s_barrier' if worst['passes_wait'] else ''})" if worst else "audit incomplete")
         withheld = " (withheld)" if relpath in summary["withheld"] else ""
         lines.append(f"  {audit['verdict']} {relpath}{withheld}: {edge}")
+    across = summary["short_kernels"]["short-across-branches"]
+    if across:
+        families = Counter(report["kernels"][relpath]["family"] for relpath in across)
+        installed = sum(1 for relpath in across if report["kernels"][relpath]["status"] == "written")
+        lines.append(f"  short-across-branches: {', '.join(f'{f} {n}' for f, n in sorted(families.items()))}"
+                     + (f" ({installed} installed; names in the JSON report)" if summary["policy"] else ""))
     return lines
 
 

@@ -52,12 +52,13 @@ BRANCH_PREFIXES = ("s_branch", "s_cbranch_", "s_call_b64")  # objdump prints the
 LIMITATIONS = (
     "MFMA wait states are audited statically (no GPU) against LLVM's gfx90a rules; translation keeps gfx942's "
     "spacing and gfx90a's MFMAs take twice the passes (a read of a 16x16x16 result needs 11 wait states, not 7; "
-    "32x32x8: 19, not 11). On amd-aiter 0.1.7.post2.dev18, of 178 portable kernels 13 are short in straight-line "
-    "code (by up to 6 wait states) and 57 only on paths across a branch (by up to 15). With pad_mfma_hazards (the "
-    "default) each short edge gets the missing s_nop before its consumer and the kernel is re-assembled, so what is "
-    "installed is clean under LLVM's rules; without it kernel_hazard_policy decides which are installed (default: "
-    "not the first, the second listed). Wait states the hardware may add on its own (branch issue time) are not "
-    "credited: the padding may be more than the hardware needs, never less than LLVM's rules.",
+    "32x32x8: 19, not 11); kernel_hazard_policy decides which kernels are installed (default: none short in "
+    "straight-line code, those short only across branches listed). With pad_mfma_hazards (the default) each short "
+    "edge first gets the missing s_nop before its consumer and the kernel is re-assembled, so what is installed is "
+    "clean under LLVM's rules. Wait states the hardware may add on its own "
+    "are not credited, as in LLVM: a taken branch, s_waitcnt and s_barrier count one wait state each though they "
+    "may stall longer, so a short edge is a risk, not a proven fault (the report says which straight-line ones "
+    "pass an s_waitcnt or s_barrier), and padding may add more than the hardware needs, never less than LLVM's rules.",
     "Every newly enabled kernel family needs numerical validation on a real MI210 (done by the smoke checks for "
     "fmha_v3_fwd and pa_fwd_asm only).",
 )
@@ -219,7 +220,7 @@ class Analysis:
         return bool(blockers) and blockers <= self.halves.keys()
 
     def portable(self) -> list[str]:
-        return [relpath for relpath, (kind, gids) in self.files.items() if kind == "ok" and not self.blockers(relpath)]
+        return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blockers(relpath)]
 
     def gfx90a_texts_for(self, relpaths: list[str]) -> dict[bytes, str]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
@@ -429,14 +430,31 @@ def _withheld_reason(audit: dict, policy: str) -> str:
 
 
 def _limitations(policy: str | None, kernels: dict[str, dict]) -> list[str]:
-    texts = list(LIMITATIONS)
+    """LIMITATIONS, what the audit measured on this tree (before any padding), and, under the permissive policy, what
+    that installed."""
+    audits = [entry.get("hazards_before_edits", entry["hazards"]) for entry in kernels.values() if "hazards" in entry]
+    by_verdict = {verdict: [audit for audit in audits if audit["verdict"] == verdict] for verdict in hazards.VERDICTS}
+
+    def most(verdict: str) -> int:
+        return max((audit["worst"]["needed"] - audit["worst"]["present"] for audit in by_verdict[verdict]), default=0)
+
+    straight = by_verdict[hazards.SHORT_STRAIGHT]
+    edges = sum(audit["short_edges"]["straight-line"] for audit in straight)
+    waits = sum(audit["straight_line_passing_wait"] for audit in straight)
+    texts = [*LIMITATIONS, (
+        f"Measured on this tree: of {len(audits)} portable kernels, {len(straight)} are short of gfx90a's MFMA "
+        f"wait states in straight-line code (by up to {most(hazards.SHORT_STRAIGHT)}; {waits} of their {edges} "
+        f"short straight-line edges pass an s_waitcnt or s_barrier), "
+        f"{len(by_verdict[hazards.SHORT_BRANCHES])} only on paths across a branch (by up to "
+        f"{most(hazards.SHORT_BRANCHES)}), {len(by_verdict[hazards.UNAUDITED])} could not be audited, "
+        f"{len(by_verdict[hazards.CLEAN])} are clean.")]
     if any(entry.get("split_mfmas") for entry in kernels.values()):
         texts.append("int8_k32_split: each split MFMA runs two gfx90a MFMAs (4x the gfx942 cycles); the split is "
                      "exact on an emulator of AMD's operand layouts, not yet measured on an MI210")
     if policy == "permissive":
-        short = sum(1 for entry in kernels.values() if entry.get("hazards", {}).get("verdict") == hazards.SHORT_STRAIGHT)
-        texts.append(f"kernel_hazard_policy permissive: every portable kernel is installed, {short} of them short of "
-                     "gfx90a's MFMA wait states in straight-line code")
+        texts.append(f"kernel_hazard_policy permissive: every portable kernel is installed, "
+                     f"{len(by_verdict[hazards.SHORT_STRAIGHT])} of them short of gfx90a's MFMA wait states in "
+                     "straight-line code")
     return texts
 
 
@@ -629,7 +647,7 @@ def _moved_entry(moved: edits.Moved, audit_before: dict | None) -> dict:
              "wait_states_in_loops": moved.wait_states_in_loops, "text_growth_bytes": moved.text_growth,
              "hazards": moved.audit}
     if audit_before is not None:
-        entry["hazards_before_edits"] = {"verdict": audit_before["verdict"], "short_edges": audit_before["short_edges"]}
+        entry["hazards_before_edits"] = audit_before
     return entry
 
 

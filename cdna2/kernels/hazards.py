@@ -10,6 +10,14 @@ LLVM inserts. Each instruction counts one wait state, ``s_nop N`` counts N+1 (``
 As in LLVM, each register operand of a consumer is checked against the nearest earlier producer on each path
 (``getWaitStatesSinceDef``), looking back at most 19 wait states (15 for WAR).
 
+Covered (GCNHazardRecognizer.cpp, checkMAIHazards90A and checkMAIVALUHazards): an MFMA result read by VALU
+(``v_accvgpr_read``, DPP and SDWA included), VMEM/FLAT/LDS/export (VGPRs and AccVGPRs); SrcA/B and SrcC reads of a
+previous MFMA's result (same tuple and partial overlap); write-after-write; overwriting a register an MFMA reads as
+SrcC; VALU writes (``v_accvgpr_write`` included) and EXEC writes feeding an MFMA. Not covered: the DOT-instruction
+rules, the gfx90a DGEMM VALU-to-VMEM workaround (DMFMABetweenVALUWriteVMEMRead) and checkMFMAPadding (performance
+padding, off by default); no translated kernel holds a DOT or DGEMM instruction. Registers between
+``s_set_gpr_idx_on`` and ``_off`` are audited as named (``gpr_indexed_instructions`` counts them).
+
 Every dependency is classed by the path from producer to consumer: ``straight-line`` (no branch instruction on the
 path), ``fall-through`` (the path passes an ``s_cbranch`` not taken) or ``taken-branch`` (the path takes a branch,
 loop back edges included). A kernel's verdict: ``clean``, ``short-across-branches`` (short only on paths that cross
@@ -23,7 +31,9 @@ API (also what padding short edges with ``s_nop``, issue 17, builds on):
         (``llvm-mc -disassemble``; objdump lines go through ``listing_from_objdump``), gfx90a or gfx942 spelling.
         Re-audit a re-assembled listing by calling it again.
     KernelAudit.short_edges: [ShortEdge(producer_address, consumer_address, producer, consumer, rule, path,
-                                        needed, present, gfx942_needed, short_on_gfx942)], in consumer order
+                                        needed, present, gfx942_needed, short_on_gfx942, passes_wait)], in
+        consumer order; padding an edge with needed - present wait states (s_nop N gives N+1) between producer
+        and consumer, on its path, is what LLVM would insert
     KernelAudit.verdict, .worst (the edge the verdict rests on), .to_json()
     audit_batch(...): the engine's stage, run in worker processes over code objects.
 """
@@ -34,9 +44,14 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, compress
+from operator import attrgetter
 from pathlib import Path
 from typing import Iterable
+
+from cdna2.host import elf
+from cdna2.kernels import isa
+from cdna2.kernels.llvm import parse_objdump_line
 
 # Bump whenever a verdict may change for the same input (rules, parsing, path classes).
 AUDIT_VERSION = "1"
@@ -48,10 +63,10 @@ VERDICTS = (CLEAN, SHORT_BRANCHES, SHORT_STRAIGHT, UNAUDITED)
 STRAIGHT, FALL_THROUGH, TAKEN = 0, 1, 2
 PATH_NAMES = ("straight-line", "fall-through", "taken-branch")
 
-# What each policy installs (kernel_hazard_policy, host data). "default": a kernel short in straight-line code
-# would read an MFMA result before gfx90a has written it on every execution, so it is withheld; a kernel short only
-# across branches is installed and listed (the branch's own issue time may cover the gap: fmha_v3_fwd, short only
-# there, is validated numerically on MI210s).
+# What each policy installs (kernel_hazard_policy, host data). "default": a kernel short in straight-line code is
+# short every time that code runs, so it is withheld; a kernel short only across branches is installed and listed
+# (the time a taken branch costs may cover the gap: fmha_v3_fwd, short only there, is the family validated
+# numerically on MI210s).
 POLICIES = {
     "default": (CLEAN, SHORT_BRANCHES),
     "strict": (CLEAN,),
@@ -114,11 +129,11 @@ class Mfma:
 @lru_cache(maxsize=None)
 def mfma_facts(name: str) -> Mfma | None:
     """Passes and XDL-ness of an MFMA mnemonic (either spelling) on both targets; None when not an MFMA we know."""
-    from cdna2.kernels.isa import RENAMES  # the gfx942 -> gfx90a spellings, which name LLVM's opcodes
     shape = _MFMA_SHAPE.match(name)
     if not shape:
         return None
-    opcode = _OPCODE_SPELLING.get(name, RENAMES.get(name, name)).upper()
+    # LLVM's opcodes are named after the gfx90a spellings (isa.RENAMES maps gfx942's to them)
+    opcode = _OPCODE_SPELLING.get(name, isa.RENAMES.get(name, name)).upper()
     passes = {}
     for target, table in _PASSES.items():
         passes[target] = next((count for pattern, count in table if re.match(pattern, opcode)), None)
@@ -191,6 +206,10 @@ _MEMORY_PREFIXES = ("buffer_", "tbuffer_", "global_", "flat_", "scratch_", "ds_"
 _RETURN_MODIFIER = re.compile(r"\s(glc|sc0)(\s|$)")  # an atomic returns the old value (gfx90a glc, gfx942 sc0)
 
 
+_WAIT_STATES = attrgetter("ws")
+_STALLS = ("s_waitcnt", "s_barrier", "s_sleep")  # may take longer than the one wait state they count
+
+
 class UnparsedError(ValueError):
     """The audit cannot tell which registers an instruction reads or writes."""
 
@@ -218,7 +237,7 @@ class Instruction:
     """What the audit needs of one instruction text."""
 
     __slots__ = ("text", "kind", "ws", "flow", "offset", "reads", "writes", "mfma", "dst", "srcs", "writes_exec",
-                 "legacy_valu", "gpr_index", "mask", "result_mask")
+                 "legacy_valu", "gpr_index", "mask", "result_mask", "write_mask")
 
     def __init__(self, text: str):
         self.text = text
@@ -238,6 +257,7 @@ class Instruction:
         else:
             raise UnparsedError(f"unknown instruction class {name!r}")
         self.mask = _mask(self.reads + self.writes)  # every vector register touched
+        self.write_mask = _mask(self.writes)
         self.result_mask = _mask((self.dst, self.srcs[2] or self.dst)) if self.mfma else 0
 
     def _scalar(self, name: str, operands: str) -> None:
@@ -245,7 +265,11 @@ class Instruction:
             self.ws = int(operands, 0) + 1
         elif name in ("s_branch", "s_call_b64") or name.startswith("s_cbranch_"):
             self.flow = BRANCH if name == "s_branch" else CBRANCH  # a call returns: it falls through, as cbranch
-            simm16 = int(operands.rsplit(",", 1)[-1].strip(), 0)
+            target = operands.rsplit(",", 1)[-1].strip()
+            if not target.isdigit():
+                raise UnparsedError(f"branch target {target!r} is not the encoded offset (objdump listings go "
+                                    "through listing_from_objdump)")
+            simm16 = int(target)
             self.offset = simm16 - 0x10000 if simm16 >= 0x8000 else simm16
         elif name.startswith(("s_endpgm", "s_setpc_", "s_swappc_", "s_rfe_")):
             self.flow = END  # the program ends or continues at an address held in registers
@@ -295,7 +319,7 @@ class Instruction:
             self.reads = tuple(_ranges(operands))
 
 
-@lru_cache(maxsize=1 << 17)
+@lru_cache(maxsize=None)  # a tree has about 100k distinct instruction texts
 def parse(text: str) -> Instruction | str:
     """The instruction's facts, or the reason it cannot be parsed."""
     try:
@@ -318,12 +342,15 @@ class ShortEdge:
     present: int
     gfx942_needed: int  # what gfx942 needs at the same edge (the source's own chip)
     short_on_gfx942: bool  # below gfx942's rule too, after the staggered-writeback credit
+    # Straight-line edges: whether an s_waitcnt or s_barrier lies between. It counts one wait state, as in LLVM, but
+    # may stall for longer when it runs; None on paths across branches (which path it is, is not kept).
+    passes_wait: bool | None = None
 
     def to_json(self) -> dict:
         return {"producer_address": f"{self.producer_address:#x}", "consumer_address": f"{self.consumer_address:#x}",
                 "producer": self.producer, "consumer": self.consumer, "rule": self.rule, "path": self.path,
                 "needed": self.needed, "present": self.present, "gfx942_needed": self.gfx942_needed,
-                "short_on_gfx942": self.short_on_gfx942}
+                "short_on_gfx942": self.short_on_gfx942, "passes_wait": self.passes_wait}
 
 
 @dataclass
@@ -362,6 +389,7 @@ class KernelAudit:
             "target": self.target, "audit_version": AUDIT_VERSION, "verdict": self.verdict,
             "instructions": self.instructions, "mfmas": self.mfmas, "dependencies": self.dependencies,
             "short_edges": paths, "short_on_gfx942": sum(e.short_on_gfx942 for e in self.short_edges),
+            "straight_line_passing_wait": sum(bool(e.passes_wait) for e in self.short_edges),
             "staggered": self.staggered, "worst": worst.to_json() if worst else None,
             "edges": [edge.to_json() for edge in self.short_edges[:MAX_EDGES_LISTED]],
             "unparsed": [{"address": f"{a:#x}", "text": t, "reason": why} for a, t, why in self.unparsed],
@@ -374,70 +402,102 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
 
 
+class _Path:
+    """The MFMAs on one path within the look-back, (index, end position, path class) oldest first, and the union of
+    the registers they write or read as SrcC (a consumer touching none of them has nothing to check on this path)."""
+
+    __slots__ = ("entries", "mask")
+
+    def __init__(self, entries: list[tuple[int, int, int]], mask: int):
+        self.entries, self.mask = entries, mask
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Path) and self.entries == other.entries
+
+    def copy(self) -> "_Path":
+        return _Path(list(self.entries), self.mask)
+
+
 class _Walker:
     """Dependencies of one listing, found in one forward pass that carries every path into each instruction.
 
-    The state before an instruction is a list of paths, each the MFMAs issued on it within the look-back, as
-    (index, end position, path class) oldest first; end positions are rebased when a path follows a branch, so the
-    wait states between an MFMA and the current instruction are always ``pos[i] - end``. A branch target receives a
-    copy of the state at each branch into it; a back edge's copy comes from the previous pass, and passes repeat
-    until those copies no longer change. VALU producers (2 and 4 wait states before an MFMA) are searched
-    backwards from the MFMA instead.
+    The state before an instruction is a list of paths (_Path), each the MFMAs issued on it within the look-back;
+    end positions are rebased when a path follows a branch, so the wait states between an MFMA and the current
+    instruction are always ``pos[i] - end``. A branch target receives a copy of the state at each branch into it; a
+    back edge's copy is known only after a pass, so later passes follow just the new paths back edges bring, until
+    none is new. VALU producers (2 and 4 wait states before an MFMA) are searched backwards from the MFMA instead.
     """
 
-    MAX_PASSES = 4
+    # Each later pass follows paths one more time round a loop, and a loop costs at least one wait state per turn:
+    # after MAX_LOOKBACK passes every MFMA a back edge could bring is out of the look-back.
+    MAX_PASSES = MAX_LOOKBACK
 
     def __init__(self, addresses: list[int], texts: list[str], target: str, audit: KernelAudit):
+        # Per-instruction work is done by C-level maps over the listing; Python loops run over distinct texts.
         self.target, self.audit = target, audit
         self.addresses, self.texts = addresses, texts
         self.ins: list[Instruction] = list(map(parse, texts))
-        for index, facts in enumerate(self.ins):
-            if facts.__class__ is str:
-                audit.unparsed.append((self.addresses[index], self.texts[index], facts))
-                self.ins[index] = parse("s_nop 0")  # one wait state, so that the rest of the kernel is still audited
-        self.pos = [0, *accumulate(facts.ws for facts in self.ins)]  # wait states issued before each instruction
+        distinct = set(self.ins)
+        if any(facts.__class__ is str for facts in distinct):
+            for index, facts in enumerate(self.ins):
+                if facts.__class__ is str:
+                    audit.unparsed.append((addresses[index], texts[index], facts))
+                    self.ins[index] = parse("s_nop 0")  # one wait state: the rest of the kernel is still audited
+            distinct = set(self.ins)
+        self.pos = [0, *accumulate(map(_WAIT_STATES, self.ins))]  # wait states issued before each instruction
         self.targets: dict[int, int] = {}  # branch index -> target index
         self.sources: dict[int, list[int]] = {}  # target index -> branch indices
         self.found: dict[tuple[int, int, str, int], tuple[int, tuple[int, int] | None]] = {}
-        index_of = {address: index for index, address in enumerate(self.addresses)}
+        special_facts = {facts for facts in distinct if facts.flow or facts.gpr_index or facts.mfma}
+        special = list(compress(range(len(self.ins)), map(special_facts.__contains__, self.ins)))
         mfma_registers, indexed_from = 0, None
-        special = [index for index, facts in enumerate(self.ins) if facts.flow or facts.gpr_index or facts.mfma]
-        for index in special:
-            facts = self.ins[index]
+        for facts in special_facts:
             if facts.mfma:
                 mfma_registers |= facts.result_mask
-            elif facts.gpr_index:
+        for index in special:
+            facts = self.ins[index]
+            if facts.gpr_index:
                 if facts.gpr_index == "on":
                     indexed_from = index + 1 if indexed_from is None else indexed_from
                 elif indexed_from is not None:
                     audit.gpr_indexed += index - indexed_from
                     indexed_from = None
-            elif facts.flow != END:
-                target_index = index_of.get(self.addresses[index] + 4 + 4 * facts.offset)
-                if target_index is None:
-                    audit.unresolved.append((self.addresses[index], self.texts[index]))
+            elif facts.flow and facts.flow != END:
+                address = addresses[index] + 4 + 4 * facts.offset
+                target_index = bisect_left(addresses, address)
+                if target_index == len(addresses) or addresses[target_index] != address:
+                    audit.unresolved.append((addresses[index], texts[index]))
                 else:
                     self.targets[index] = target_index
                     self.sources.setdefault(target_index, []).append(index)
         # Only these take part in the forward pass: MFMAs, branches, branch targets, and VALU/memory instructions that
         # touch a register some MFMA of this kernel writes or reads as SrcC.
-        self.events = sorted(set(special).union(self.sources, (
-            index for index, facts in enumerate(self.ins) if facts.mask & mfma_registers and facts.kind != MFMA)))
+        events = special_facts | {facts for facts in distinct if facts.mask & mfma_registers}
+        self.events = list(compress(range(len(self.ins)), map(events.__contains__, self.ins)))
+        if self.sources:
+            self.events = sorted(set(self.events).union(self.sources))
+        # Instructions with a branch or a branch target among the 4 before them (VALU producers: searched by path)
+        self.near_branches = {index + step for index in special if self.ins[index].flow for step in range(1, 5)}
+        self.near_branches.update(t + step for t in self.sources for step in range(4))
         audit.instructions = len(self.ins)
-        audit.mfmas = sum(1 for facts in self.ins if facts.mfma)
+        audit.mfmas = sum(1 for index in special if self.ins[index].mfma)
 
-    def _carry(self, paths: list[list], i: int, t: int, path_class: int) -> list[list]:
+    def _carry(self, paths: list[_Path], i: int, t: int, path_class: int) -> list[_Path]:
         """The paths leaving instruction i towards instruction t (a branch target or the next instruction)."""
         shift = self.pos[t] - self.pos[i] - self.ins[i].ws
         floor = self.pos[t] - MAX_LOOKBACK
-        carried = []
+        ins, carried = self.ins, []
         for path in paths:
-            kept = [(j, end + shift, max(old, path_class)) for j, end, old in path if end + shift > floor]
-            if kept and kept not in carried:
-                carried.append(kept)
+            kept = [(j, end + shift, max(old, path_class)) for j, end, old in path.entries if end + shift > floor]
+            if kept:
+                mask = 0
+                for j, _, _ in kept:
+                    mask |= ins[j].result_mask
+                if (new := _Path(kept, mask)) not in carried:
+                    carried.append(new)
         return carried
 
-    def _pass(self, back: dict[int, list[list]]) -> dict[int, list[list]]:
+    def _pass(self, back: dict[int, list[_Path]]) -> dict[int, list[_Path]]:
         """One forward pass; returns the paths each back edge carries to its target.
 
         The first pass (``back`` empty) follows every path but those through back edges. A later pass starts from
@@ -446,9 +506,10 @@ class _Walker:
         """
         ins, pos, found, sources, targets = self.ins, self.pos, self.found, self.sources, self.targets
         first = not back
-        back_out: dict[int, list[list]] = {}
-        pending: dict[int, list[list]] = {}
-        paths: list[list] = []
+        back_out: dict[int, list[_Path]] = {}
+        pending: dict[int, list[_Path]] = {}
+        paths: list[_Path] = []
+        newest = 0  # end of the latest MFMA on any path: a consumer MAX_LOOKBACK after it has nothing to check
         horizon = 0
         start, last_back = (0, 0) if first else (min(back), max(back))
         for i in self.events[bisect_left(self.events, start):]:
@@ -457,7 +518,8 @@ class _Walker:
                 incoming = pending.pop(i, []) + back.get(i, [])
                 if incoming and not first:
                     horizon = max(horizon, pos[i] + MAX_LOOKBACK)
-                paths = paths + [list(path) for path in incoming if path not in paths]  # copies: mutated below
+                paths = paths + [path.copy() for path in incoming if path not in paths]  # copies: mutated below
+                newest = max((path.entries[-1][1] for path in paths), default=0)
             if not first and pos[i] >= horizon:
                 if not paths and not pending and i > last_back:
                     break
@@ -467,35 +529,38 @@ class _Walker:
             if kind == MFMA:
                 self._check_mfma(i, facts, paths, first)
                 entry = (i, pos[i] + facts.ws, STRAIGHT)
+                newest = entry[1]
                 if not paths:
-                    paths = [[entry]]
+                    paths = [_Path([entry], facts.result_mask)]
                 else:
                     floor = pos[i] - MAX_LOOKBACK
                     for path in paths:
-                        while path and path[0][1] <= floor:
-                            del path[0]
-                        path.append(entry)
+                        entries = path.entries
+                        if entries[0][1] <= floor:
+                            while entries and entries[0][1] <= floor:
+                                del entries[0]
+                            mask = 0
+                            for j, _, _ in entries:
+                                mask |= ins[j].result_mask
+                            path.mask = mask
+                        entries.append(entry)
+                        path.mask |= facts.result_mask
                     if len(paths) > 1:
-                        unique: list[list] = []
+                        unique: list[_Path] = []
                         for path in paths:
                             if path not in unique:
                                 unique.append(path)
                         paths = unique
-            elif kind != SCALAR and paths:
+            elif kind != SCALAR and paths and pos[i] - newest < MAX_LOOKBACK:
                 here = pos[i]
                 rule = VALU_READ if kind == VALU else MEM_READ
                 for path in paths:
+                    if not path.mask & facts.mask:
+                        continue
                     for register in facts.reads:
-                        for j, end, path_class in reversed(path):
-                            present = here - end
-                            if present >= MAX_LOOKBACK:
-                                break
-                            dst = ins[j].dst
-                            if dst[0] <= register[1] and register[0] <= dst[1]:
-                                key = (j, i, rule, path_class)
-                                if key not in found or found[key][0] > present:
-                                    found[key] = (present, register)
-                                break
+                        hit = self._nearest_write(here, path, register)
+                        if hit:
+                            self._record(hit[0], i, rule, hit[2], hit[1], register)
                     for register in facts.writes:
                         hit = self._nearest_write(here, path, register)
                         if hit:
@@ -512,14 +577,15 @@ class _Walker:
                         known.extend(path for path in carried if path not in known)
                 if flow == CBRANCH and i + 1 < len(ins):  # (i + 1 is an event when it holds a consumer)
                     paths = self._carry(paths, i, i + 1, FALL_THROUGH)
+                    newest = max((path.entries[-1][1] for path in paths), default=0)
                 else:
                     paths = []
         return back_out
 
-    def _nearest_write(self, here: int, path: list, register: tuple[int, int]) -> tuple[int, int, int] | None:
+    def _nearest_write(self, here: int, path: _Path, register: tuple[int, int]) -> tuple[int, int, int] | None:
         """(index, present, path class) of the nearest MFMA on `path` whose destination overlaps `register`."""
         ins = self.ins
-        for j, end, path_class in reversed(path):
+        for j, end, path_class in reversed(path.entries):
             present = here - end
             if present >= MAX_LOOKBACK:
                 return None
@@ -528,10 +594,10 @@ class _Walker:
                 return j, present, path_class
         return None
 
-    def _nearest_srcc_read(self, i: int, path: list, register: tuple[int, int]) -> None:
+    def _nearest_srcc_read(self, i: int, path: _Path, register: tuple[int, int]) -> None:
         # IsSMFMAReadAsCFn: the nearest MFMA (not DGEMM) whose SrcC overlaps the register
         here, ins = self.pos[i], self.ins
-        for j, end, path_class in reversed(path):
+        for j, end, path_class in reversed(path.entries):
             present = here - end
             if present >= MAX_WAR_LOOKBACK:
                 return
@@ -541,35 +607,33 @@ class _Walker:
                 self._record(j, i, WAR, path_class, present, register)
                 return
 
-    def _check_mfma(self, i: int, facts: Instruction, paths: list[list], first: bool) -> None:
+    def _check_mfma(self, i: int, facts: Instruction, paths: list[_Path], first: bool) -> None:
         here, ins = self.pos[i], self.ins
         for operand, register in enumerate(facts.srcs):
             if register is None:
                 continue
+            register_mask = (1 << (register[1] + 1)) - (1 << register[0])
             for path in paths:
-                for j, end, path_class in reversed(path):
-                    present = here - end
-                    if present >= MAX_LOOKBACK:
-                        break
-                    dst = ins[j].dst
-                    if dst[0] <= register[1] and register[0] <= dst[1]:
-                        rule = SRC_AB if operand < 2 else (SRCC_EXACT if dst == register else SRCC_OVERLAP)
-                        self._record(j, i, rule, path_class, present, register)
-                        break
+                if not path.mask & register_mask:
+                    continue
+                hit = self._nearest_write(here, path, register)
+                if hit:
+                    j, present, path_class = hit
+                    rule = SRC_AB if operand < 2 else (SRCC_EXACT if ins[j].dst == register else SRCC_OVERLAP)
+                    self._record(j, i, rule, path_class, present, register)
         if first:  # VALU producers are found by a backward search, which does not depend on the pass
             self._valu_producers(i, facts)
 
     def _valu_producers(self, i: int, consumer: Instruction) -> None:
         """The nearest VALU (not MFMA, not DOT) on each path writing each MFMA source (2) or EXEC (4)."""
         ins, sources = self.ins, self.sources
-        if i >= 4 and not any(k in sources for k in range(i - 3, i + 1)) and not any(
-                ins[k].flow for k in range(i - 4, i)):
+        if i >= 4 and i not in self.near_branches:
             # Straight-line code for the 4 instructions before (4 wait states at the least): one path.
             wanted, exec_wanted, distance = list(consumer.reads), True, 0
             for p in range(i - 1, i - 5, -1):
                 facts = ins[p]
                 if facts.legacy_valu:
-                    if distance < 2 and wanted:
+                    if distance < 2 and wanted and facts.write_mask & consumer.mask:
                         for register in list(wanted):
                             if any(_overlaps(written, register) for written in facts.writes):
                                 self._record(p, i, VALU_WRITE, STRAIGHT, distance, register)
@@ -611,7 +675,7 @@ class _Walker:
             self.found[key] = (present, register)
 
     def run(self) -> None:
-        seen: dict[int, list[list]] = {}
+        seen: dict[int, list[_Path]] = {}
         back = self._pass({})
         for _ in range(self.MAX_PASSES):
             back = {t: new for t, paths in back.items() if (new := [p for p in paths if p not in seen.get(t, [])])}
@@ -620,7 +684,6 @@ class _Walker:
             for t, paths in back.items():
                 seen.setdefault(t, []).extend(paths)
             back = self._pass(back)
-        raise UnparsedError("back-edge states did not settle")  # cannot happen: paths expire within 19 wait states
 
     def edges(self) -> None:
         audit, target, ins = self.audit, self.target, self.ins
@@ -639,10 +702,13 @@ class _Walker:
             else:
                 short = present < need
             if short:
+                passes_wait = (any(text.startswith(_STALLS) for text in self.texts[j + 1:i]) if path == STRAIGHT
+                               else None)
                 audit.short_edges.append(ShortEdge(
                     producer_address=self.addresses[j], consumer_address=self.addresses[i],
                     producer=self.texts[j], consumer=self.texts[i], rule=rule, path=PATH_NAMES[path],
-                    needed=need, present=present, gfx942_needed=need_942, short_on_gfx942=short_942))
+                    needed=need, present=present, gfx942_needed=need_942, short_on_gfx942=short_942,
+                    passes_wait=passes_wait))
 
 
 def audit_listing(listing: Iterable[tuple[int, int, str]], target: str = "gfx90a") -> KernelAudit:
@@ -665,7 +731,6 @@ def _audit(addresses: list[int], texts: list[str], target: str) -> KernelAudit:
 def listing_from_objdump(lines: list[str]) -> list[tuple[int, int, str]]:
     """(address, size, text) from llvm-objdump instruction lines; branch targets, which objdump may print as
     labels, are put back as the encoded offset (the low 16 bits of the first word)."""
-    from cdna2.kernels.llvm import parse_objdump_line
     listing = []
     for line in lines:
         address, text, words = parse_objdump_line(line)
@@ -686,8 +751,6 @@ def installs(policy: str, verdict: str) -> bool:
 
 def audit_batch(src_root: str, relpaths: list[str], texts: dict[bytes, str], target: str) -> list[tuple[str, dict]]:
     """Audit each code object: its .text cut into instructions, each spelt as `texts` gives it."""
-    from cdna2.host import elf
-    from cdna2.kernels import isa
     results = []
     for relpath in relpaths:
         data = Path(src_root, relpath).read_bytes()

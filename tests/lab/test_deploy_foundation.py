@@ -128,3 +128,21 @@ def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
         assert probe["distributions"]["amd-aiter"]["version"] == "0.1.7.post2.dev18"
         assert probe["aiter"]["gfx942_record_files"] == 1326
         assert probe["errors"] == []
+
+
+def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_the_policy(
+        lab: dict, deployed, tmp_path: Path) -> None:
+    first, _, _, _ = deployed
+    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+        row = first.row(lab_host["name"])
+        assert "kernel_hazard_policy default (MFMA wait-state audit" in row["steps"]["kernels"]["detail"]
+        details = row["details"]["kernels"]
+        assert details["hazard_policy"] == "default" and details["withheld"] == details["hazard_verdicts"][
+            "short-straight-line"] > 0, details
+    # The installed trees were made under the default policy: verify with another one names the drift, changes nothing.
+    strict = run_pyinfra("-y", "verify.py", "--data", "kernel_hazard_policy=strict", report_dir=tmp_path)
+    assert strict.returncode != 0
+    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+        detail = strict.row(lab_host["name"])["steps"]["verify"]["detail"]
+        assert "kernels made under kernel_hazard_policy default" in detail, detail
+        assert "now kernel_hazard_policy strict" in detail, detail

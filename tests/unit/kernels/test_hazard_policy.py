@@ -55,6 +55,9 @@ def test_translation_installs_what_the_policy_admits(verdict_tree, tmp_path, pol
     straight = report["kernels"]["fam/straight.co"]["hazards"]["worst"]
     assert (straight["present"], straight["needed"], straight["gfx942_needed"], straight["short_on_gfx942"]) == (
         7, 11, 7, False)
+    assert ("Measured on this tree: of 3 portable kernels, 1 are short of gfx90a's MFMA wait states in straight-line "
+            "code (by up to 4; 0 of their 1 short straight-line edges pass an s_waitcnt or s_barrier), 1 only on "
+            "paths across a branch (by up to 10), 0 could not be audited, 1 are clean.") in report["limitations"]
     says_permissive = any("kernel_hazard_policy permissive" in text for text in report["limitations"])
     assert says_permissive == (policy == "permissive")
 

@@ -190,8 +190,16 @@ READ_V1 = "v_add_f32_e32 v8, v1, v9"
 def test_s_nop_n_counts_n_plus_one(llvm_tools):
     listing = assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 1", READ_V1])
     (edge,) = audit_listing(listing).short_edges
-    assert (edge.present, edge.needed, edge.path) == (10, 11, "straight-line")
+    assert (edge.present, edge.needed, edge.path, edge.passes_wait) == (10, 11, "straight-line", False)
     assert audit_listing(assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 2", READ_V1])).verdict == hazards.CLEAN
+
+
+def test_straight_line_edge_says_whether_it_passes_a_wait(llvm_tools):
+    listing = assembled(llvm_tools, [MFMA_16, "s_waitcnt lgkmcnt(0)", "s_barrier", READ_V1])
+    (edge,) = audit_listing(listing).short_edges
+    assert (edge.present, edge.passes_wait) == (2, True), "each counts one wait state, as in LLVM"
+    branch = audit_listing(assembled(llvm_tools, [MFMA_16, "s_cbranch_scc0 0", READ_V1])).short_edges
+    assert {edge.passes_wait for edge in branch} == {None}
 
 
 def test_fall_through_across_a_branch(llvm_tools):
@@ -215,6 +223,14 @@ def test_loop_back_edge(llvm_tools):
     listing = assembled(llvm_tools, [READ_V1, "s_nop 3", MFMA_16, "s_cbranch_scc1 65531", "s_endpgm"])
     (edge,) = audit_listing(listing).short_edges
     assert (edge.path, edge.present, edge.producer_address, edge.consumer_address) == ("taken-branch", 1, 8, 0)
+
+
+def test_tight_loop_settles(llvm_tools):
+    # 3 wait states a turn: paths go round the loop several times within the look-back; the nearest MFMA counts.
+    listing = assembled(llvm_tools, [READ_V1, MFMA_16, "s_cbranch_scc1 65532", "s_endpgm"])
+    audit = audit_listing(listing)
+    assert [(e.rule, e.path, e.present, e.needed) for e in audit.short_edges] == [
+        (hazards.VALU_READ, "taken-branch", 1, 11)], "the MFMA reads its own result as SrcC: 0 needed on gfx90a"
 
 
 def test_unconditional_branch_has_no_fall_through(llvm_tools):
@@ -245,6 +261,8 @@ def test_unparsed_line_and_unresolved_branch_are_never_clean():
     assert audit.verdict == hazards.UNAUDITED
     assert audit.unparsed[0][0] == 0 and "no pass count" in audit.unparsed[0][2]
     assert audit.unresolved == [(8, "s_branch 7")]
+    labelled = audit_listing([(0, 4, "s_branch label_0001"), (4, 4, "s_endpgm")])
+    assert labelled.verdict == hazards.UNAUDITED and "listing_from_objdump" in labelled.unparsed[0][2]
 
 
 @pytest.mark.parametrize("text, reads, writes", [

@@ -18,7 +18,8 @@ STRAIGHT_LINE_SHORT = sorted(
 VERDICTS = {"clean": 108, "short-across-branches": 57, "short-straight-line": 13, "unaudited": 0}
 SHORT_ACROSS_BRANCHES_BY_FAMILY = {"fmha_v3_fwd": 32, "fmha_v3_bwd": 19, "mla": 5, "bf16gemm": 1}
 # The one gfx942 original short of gfx942's own rule in straight-line code once staggered writeback is credited:
-# an FP8 kernel (not portable), whose reads 2 wait states after a 4-pass MFMA no writeback pattern explains.
+# an FP8 kernel (not portable) whose 70 short reads take register k of a 4-pass result after 3+k wait states (two
+# after 2), one less than the 4+k that the other kernels' 2,400-odd staggered reads keep and the audit credits.
 GFX942_UNEXPLAINED = ["flatmm_uk_gfx9_f16f8_128x256x128_1x4x1_16x16x32.co"]
 
 
@@ -35,6 +36,8 @@ def test_default_policy_without_padding_withholds_the_kernels_short_in_straight_
         assert not (dst / relpath).exists()
         worst = entry["hazards"]["worst"]
         assert worst["path"] == "straight-line" and worst["needed"] > worst["present"]
+        # Measured: every straight-line shortfall passes an s_waitcnt or s_barrier (one wait state by LLVM's count)
+        assert entry["hazards"]["straight_line_passing_wait"] == entry["hazards"]["short_edges"]["straight-line"]
     csvs = [path.relative_to(dst).as_posix() for path in dst.rglob("*.csv")]
     names = "".join((dst / csv).read_text() for csv in csvs)
     assert not any(relpath.rsplit("/", 1)[1] in names for relpath in STRAIGHT_LINE_SHORT), "manifest rows pruned"
@@ -54,6 +57,10 @@ def test_default_policy_without_padding_withholds_the_kernels_short_in_straight_
     assert len(installed_short) == 57, "short only across branches: installed, and listed"
     assert all(entry["hazards"]["verdict"] == "clean" for r, entry in report["kernels"].items()
                if r.startswith(("pa/", "fmoe/")) and "hazards" in entry)
+    assert ("Measured on this tree: of 178 portable kernels, 13 are short of gfx90a's MFMA wait states in "
+            "straight-line code (by up to 6; 344 of their 344 short straight-line edges pass an s_waitcnt or "
+            "s_barrier), 57 only on paths across a branch (by up to 15), 0 could not be audited, 108 are clean."
+            ) in report["limitations"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 import struct
 from collections import Counter
 import subprocess
-from pathlib import Path
 
 import pytest
 

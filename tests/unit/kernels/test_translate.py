@@ -147,6 +147,7 @@ def test_cli_translate_and_classify(source_tree, tmp_path, capsys):
                        "--report", str(report_path)]) == 0
     printed = capsys.readouterr().out
     assert "fam" in printed and "fp8 1" in printed and "1 rows kept, 1 rows dropped" in printed
+    assert "MFMA wait states (gfx90a rules, audit 1, kernel_hazard_policy default): clean 1," in printed
     assert json.loads(report_path.read_text())["counts"] == {"code_objects": 2, "blocked": 1, "written": 1}
     assert cdna2_main(["classify", str(source_tree), "--json", str(tmp_path / "c.json")]) == 0
     assert json.loads((tmp_path / "c.json").read_text())["kernels"]["fam/ok_bf16.co"]["status"] == "portable"
