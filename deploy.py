@@ -154,11 +154,12 @@ else:
     #    on a gfx90a host a GPU that cannot be used fails it (and no pass is recorded); never "passed" without one.
     deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
                                tree and {"policy": tree.hazard_policy, "audit_version": tree.hazard_audit_version})
+    gpu_checks = data.smoke_gpu_checks and not no_gpu_reason  # whether GPU checks can run: part of what a pass proves
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
     elif skip_patches or reinstalled:
         report.step(host.name, "smoke", SKIPPED, skip_patches or stale)
-    elif not state.ops[host] and (proof := recorded_proof(deployed, data.smoke_gpu_checks, probe["state"])):
+    elif not state.ops[host] and (proof := recorded_proof(deployed, gpu_checks, probe["state"])):
         # No operation changes the host this run: the pass recorded for this very state still proves it.
         report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
     else:
@@ -166,7 +167,7 @@ else:
                      current_state=probe["state"],
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
                      target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"],
-                     gpu_checks=data.smoke_gpu_checks, no_gpu_reason=no_gpu_reason)
+                     gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
     if not reinstalled and record_needed("deployed", deployed, probe["state"]):

@@ -77,7 +77,6 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     if not state.is_executing:
         host.noop("smoke tests run after the changes")
         return
-    gpu_checks = gpu_checks and not no_gpu_reason  # whether the GPU checks run: part of what a pass proves
     proof = recorded_proof(deployed, gpu_checks, current_state)
     if not changed_this_run() and proof:
         report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
