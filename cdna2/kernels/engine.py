@@ -30,18 +30,21 @@ import json
 from dataclasses import asdict, dataclass
 import os
 import shutil
+import sys
 import time
 from array import array
 from collections import Counter
 from itertools import zip_longest
 from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
+from cdna2.cache import code_digest
 from cdna2.host.probe import tree_digest
 from cdna2.host import elf, manifest
-from cdna2.kernels import edits, hazards, isa, llvm, split
+from cdna2.kernels import edits, hazards, isa, llvm, reassemble, relocation_proof, split
 from cdna2.kernels.relocation_proof import Expected
 
 # Bump whenever the bytes written for the same input may change (rename table, patching, manifest rules).
@@ -554,13 +557,19 @@ class Policy:
                 + (["--int8-k32-split"] if self.int8_k32_split else []))
 
 
+@lru_cache(maxsize=1)
+def _engine_code_digest() -> str:
+    return code_digest((sys.modules[__name__], edits, hazards, isa, llvm, split, reassemble, relocation_proof, elf,
+                        manifest))
+
+
 def cache_key(src_digest: str, tools: llvm.LlvmTools, policy: Policy = Policy(),
               pads: dict[str, list[edits.Pad]] | None = None) -> str:
     """What a translation depends on: the source tree, the translator, the LLVM that proves it, the hazard audit,
     the policy and the padding asked for."""
     asked = json.dumps({"policy": asdict(policy), "pads": {r: [asdict(p) for p in v] for r, v in (pads or {}).items()}},
                        sort_keys=True)
-    parts = (src_digest, TRANSLATOR_VERSION, tools.banner, hazards.AUDIT_VERSION, asked)
+    parts = (src_digest, TRANSLATOR_VERSION, tools.banner, hazards.AUDIT_VERSION, asked, _engine_code_digest())
     return hashlib.sha256("".join(f"{part}\n" for part in parts).encode()).hexdigest()
 
 

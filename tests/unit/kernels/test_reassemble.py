@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.cache import cache_root
+from cdna2.cache import cache_root, code_digest
 from cdna2.host import elf
 from cdna2.host.probe import tree_digest
 from cdna2.kernels import isa, reassemble
@@ -68,16 +68,11 @@ def _round_trip_batch(root: str, out: str, relpaths: list[str]) -> list[tuple[st
     return results
 
 
-def _code_digest() -> str:
-    """What a round-trip verdict depends on besides the tree and LLVM: the code that reads, emits and restores."""
-    modules = (reassemble, isa, elf)
-    return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in modules)).hexdigest()
-
-
 def assert_tree_round_trips(root: Path, tools, tmp_path: Path, expected_kernels: int) -> None:
     """Every kernel of `root` rebuilt with no edit is byte-identical; a passing verdict is cached per tree, code
     and LLVM (2 worker processes, largest files first)."""
-    key = hashlib.sha256(f"{tree_digest(root)}\n{_code_digest()}\n{tools.banner}".encode()).hexdigest()
+    code = code_digest((reassemble, isa, elf))  # the code that reads, emits and restores
+    key = hashlib.sha256(f"{tree_digest(root)}\n{code}\n{tools.banner}".encode()).hexdigest()
     verdict = cache_root() / "kernels" / "reassembly-round-trips" / f"{key}.json"
     relpaths = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.co"))
     assert len(relpaths) == expected_kernels
