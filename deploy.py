@@ -44,6 +44,7 @@ probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=dat
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()})
 summarise_probe(report.host(host.name), probe)
+report.host(host.name).left_alone = arch_skip_reason(probe)
 env_error = target_env_error(probe)
 # Plan wheels and kernels now: a host they cannot serve (a ROCm the matrix lacks, no room for the kernel tree) is
 # failed before anything on it changes.
