@@ -16,8 +16,10 @@ from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
 from cdna2.patches import plan_package
+from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
                         installed_versions, kernels_decision, target_env_error)
+from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
@@ -42,7 +44,9 @@ report.step(host.name, "validate", "ok")
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                      patch_files={package: catalog.target_files(package) for package in catalog.packages()})
+                      patch_files={package: catalog.target_files(package) for package in catalog.packages()},
+                      known_contents=known_hashes(), record_memo=record_memo(host.name))
+remember_records(host.name, probe)
 summarise_probe(report.host(host.name), probe)
 report.host(host.name).left_alone = arch_skip_reason(probe)
 env_error = target_env_error(probe)

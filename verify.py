@@ -12,6 +12,7 @@ from pyinfra import host, inventory, state
 from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
 from cdna2.patches import plan_package
+from cdna2.patches.contents import known_hashes
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import HostProbe
 from operations.patches import probe_files
@@ -28,7 +29,7 @@ catalog, _ = load_data_files(data)
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()},
-                      record_check=catalog.packages())
+                      record_check=catalog.packages(), known_contents=known_hashes())
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})

@@ -33,11 +33,14 @@ class HostProbe(FactBase[dict]):
 
     @override
     def command(self, target_python: str, rocm_root: str, state_dir: str, agent_dir: str,
-                patch_files: dict[str, list[str]] | None = None,
-                record_check: list[str] | None = None) -> StringCommand:
+                patch_files: dict[str, list[str]] | None = None, record_check: list[str] | None = None,
+                known_contents: list[str] | None = None, record_memo: dict | None = None) -> StringCommand:
+        # known_contents, record_memo: what the controller holds already (cdna2/patches/contents.py,
+        # cdna2/probe_memo.py), so a host that has not changed sends no file bytes and reads no RECORD.
         options = json.dumps({"target_python": target_python, "rocm_root": rocm_root, "state_dir": state_dir,
                               "agent_dir": agent_dir, "patch_files": patch_files or {},
-                              "record_check": record_check or []}, sort_keys=True)
+                              "record_check": record_check or [], "known_contents": known_contents or [],
+                              "record_memo": record_memo or {}}, sort_keys=True)
         # Fall back to python3 so a host without its target environment is reported, not failed mid-probe.
         return StringCommand(
             "P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3; "$P" -c ', QuoteString(PROBE_SOURCE),
