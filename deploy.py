@@ -23,7 +23,7 @@ from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
-from operations.facts import HostProbe
+from operations.facts import host_probe
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import load_data_files, validate_inventory
@@ -42,10 +42,10 @@ catalog, wheel_plan_for = load_data_files(data)
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
-probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
-                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                      patch_files={package: catalog.target_files(package) for package in catalog.packages()},
-                      known_contents=known_hashes(), record_memo=record_memo(host.name))
+probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
+                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+                   patch_files={package: catalog.target_files(package) for package in catalog.packages()},
+                   known_contents=known_hashes(), record_memo=record_memo(host.name))
 remember_records(host.name, probe)
 summarise_probe(report.host(host.name), probe)
 report.host(host.name).left_alone = arch_skip_reason(probe)
@@ -66,8 +66,9 @@ problem = env_error or wheel_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
-    python.raise_exception(name="preflight: the host can be provisioned", exception=OperationError,
-                           message=f"{host.name}: {problem}; nothing on it was changed")
+    # The message goes to the exception positionally: OperationError takes no keyword arguments.
+    python.raise_exception(OperationError, f"{host.name}: {problem}; nothing on it was changed",
+                           name="preflight: the host can be provisioned")
 else:
     report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
 
@@ -110,8 +111,8 @@ else:
                                target_python=data.target_python, state_dir=data.state_dir)
     elif kernels == FAIL:
         report.step(host.name, "kernels", FAILED, why)
-        python.raise_exception(name="kernels: the host can take translated kernels", exception=OperationError,
-                               message=f"{host.name}: {why}")
+        python.raise_exception(OperationError, f"{host.name}: {why}",
+                               name="kernels: the host can take translated kernels")
     else:
         report.step(host.name, "kernels", SKIPPED, stale if kernels == PROCEED else why)
 

@@ -13,8 +13,9 @@ from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
 from cdna2.patches import plan_package
 from cdna2.patches.contents import known_hashes
+from cdna2.plan import sudo_refusal
 from cdna2.report import FAILED, summarise_probe
-from operations.facts import HostProbe
+from operations.facts import host_probe
 from operations.patches import probe_files
 from operations.preflight import load_data_files, validate_inventory
 from operations.report import RunRecorder
@@ -26,10 +27,10 @@ data = host.data
 validate_inventory(inventory)
 catalog, _ = load_data_files(data)
 
-probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
-                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                      patch_files={package: catalog.target_files(package) for package in catalog.packages()},
-                      record_check=catalog.packages(), known_contents=known_hashes())
+probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
+                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+                   patch_files={package: catalog.target_files(package) for package in catalog.packages()},
+                   record_check=catalog.packages(), known_contents=known_hashes())
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})
@@ -41,6 +42,7 @@ for package in deployed_sets:
         plans[package] = plan_package(catalog, package, found["version"], files, record,
                                       [name for name in deployed_sets[package] if name in catalog.optional_sets()])
 
-drift = find_drift(probe, plans)
+refusal = sudo_refusal(probe)  # unprivileged, the probe cannot see what the deploy left
+drift = [refusal] if refusal else find_drift(probe, plans)
 report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
 drift_free(name="verify: the host is as deployed", drift=drift)

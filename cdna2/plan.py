@@ -21,8 +21,21 @@ def arch_skip_reason(probe: dict[str, Any]) -> str | None:
             f"patching are for {TARGET_ARCH} only, left alone")
 
 
+def sudo_refusal(probe: dict[str, Any]) -> str | None:
+    """Why the login user cannot act as root on the host (the probe then ran unprivileged), or None."""
+    refused = probe.get("sudo_refused")
+    if not refused:
+        return None
+    return (f"user {refused['user']} may not run commands as root through sudo without a password "
+            f"({refused['error'] or 'sudo said nothing'}): give {refused['user']} passwordless sudo (NOPASSWD) "
+            f"or log in as root")
+
+
 def target_env_error(probe: dict[str, Any]) -> str | None:
-    """Why the host's target Python environment cannot be provisioned, or None."""
+    """Why the host's target Python environment cannot be provisioned (or not reached as root), or None."""
+    refusal = sudo_refusal(probe)
+    if refusal:
+        return refusal
     python = probe["python"]
     if not python["is_target"]:
         return (f"target Python {python['target']} is missing on the host: install the Python environment that "

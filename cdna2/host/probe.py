@@ -18,6 +18,7 @@ import csv
 import hashlib
 import json
 import os
+import pwd
 import re
 import select
 import sys
@@ -675,10 +676,16 @@ def probe(options: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} '<json options>'", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print(f"usage: {argv[0]} '<json options>' [SUDO_REFUSAL]", file=sys.stderr)
         return 2
-    print(json.dumps(probe(json.loads(argv[1])), sort_keys=True))
+    found = probe(json.loads(argv[1]))
+    # SUDO_REFUSAL: what sudo said when the login user asked it for root (operations/facts.py); this probe then
+    # runs as that user, for the report, and the deploy fails the host before changing anything.
+    # Its last line is the refusal; lines before it are warnings (an unresolvable host name, say).
+    refusal = (argv[2].strip().splitlines() or [""])[-1][-300:] if len(argv) == 3 else None
+    found["sudo_refused"] = {"user": pwd.getpwuid(os.geteuid()).pw_name, "error": refusal} if len(argv) == 3 else None
+    print(json.dumps(found, sort_keys=True))
     return 0
 
 
