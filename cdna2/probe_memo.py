@@ -1,7 +1,7 @@
 """What the controller remembers of each host's RECORD files from one run to the next.
 
-A RECORD changes only when pip installs its distribution again, and then its stat (size, mtime, ctime, inode)
-changes too. The probe reports, per RECORD, its stat and the facts the deploy takes from it
+A RECORD changes only when pip installs its distribution again, and then its stat (size, mtime, inode) changes
+too. The probe reports, per RECORD, its stat and the facts the deploy takes from it
 (``cdna2.host.probe.record_facts``); the next probe of the same host gets them back as ``record_memo`` and reads a
 RECORD again only when its stat differs. AITER's RECORD alone is 1.5 MB, parsed for its kernel tree on every run
 otherwise. A memo that is lost, stale or another host's costs one full read, never a wrong fact: the host decides,

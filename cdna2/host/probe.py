@@ -459,13 +459,14 @@ def kernel_tree_root(record_text: str) -> str | None:
 
 
 def record_stat(metadata_dir: str) -> str | None:
-    """What ``stat`` says of a distribution's RECORD (size, mtime, ctime, inode): it changes whenever pip rewrites
-    the RECORD, i.e. whenever the distribution is installed again. None when there is no RECORD."""
+    """What ``stat`` says of a distribution's RECORD (size, mtime, inode): it changes whenever pip writes the RECORD,
+    i.e. whenever the distribution is installed again. None when there is no RECORD. Not the ctime: it changes with
+    the link count, and hard-linked environments (the lab's, say) share a RECORD inode that others link and unlink."""
     try:
         stat = os.stat(os.path.join(metadata_dir, "RECORD"))
     except OSError:
         return None
-    return f"{stat.st_size},{stat.st_mtime_ns},{stat.st_ctime_ns},{stat.st_ino}"
+    return f"{stat.st_size},{stat.st_mtime_ns},{stat.st_ino}"
 
 
 def record_facts(package: str, record_text: str, target_paths: Collection[str]) -> dict:
