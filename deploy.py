@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
+from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.patches import plan_package
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
@@ -26,7 +27,7 @@ from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
-from operations.preflight import load_data_files, validate_inventory
+from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
@@ -39,12 +40,14 @@ data = host.data
 #    is touched.
 validate_inventory(inventory)
 catalog, wheel_plan_for = load_data_files(data)
+fp8_configs = fp8_configs_of(data)
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
 probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
                    state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                   patch_files={package: catalog.target_files(package) for package in catalog.packages()},
+                   patch_files=with_config_targets({package: catalog.target_files(package)
+                                                    for package in catalog.packages()}, fp8_configs),
                    known_contents=known_hashes(), record_memo=record_memo(host.name))
 remember_records(host.name, probe)
 summarise_probe(report.host(host.name), probe)
@@ -137,9 +140,21 @@ else:
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=data.state_dir)
 
+    # 6b. Tuned MI210 block-FP8 configs (fp8_block_configs) into vLLM's config directory, written like patches.
+    if fp8_configs and "vllm" in patch_sets:
+        files, _ = probe_files(probe, "vllm")
+        plan = plan_configs(fp8_configs, files, (probe["backups"].get(CONFIGS_PLAN) or {}).get("files", {}))
+        status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
+        report.step(host.name, "fp8 configs", status, "; ".join(plan.reasons) or f"{len(fp8_configs)} files")
+        if status != UNCHANGED:
+            patched_package(name="fp8 configs: vLLM has the tuned MI210 block-FP8 configs", plan=plan,
+                            site_packages=probe["distributions"]["vllm"]["location"],
+                            target_python=data.target_python, state_dir=data.state_dir)
+
     # 7. Prove it on gfx90a hosts, once per state they are left in. Without a gfx90a device the GPU checks say
     #    "skipped", never "passed".
-    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets)
+    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
+                               installed_hashes(fp8_configs) if "vllm" in patch_sets else None)
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
     elif skip_patches or reinstalled:

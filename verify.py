@@ -11,13 +11,14 @@ from pyinfra import host, inventory, state
 
 from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
+from cdna2.fp8_configs import with_config_targets
 from cdna2.patches import plan_package
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import sudo_refusal
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import host_probe
 from operations.patches import probe_files
-from operations.preflight import load_data_files, validate_inventory
+from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
 from operations.verify import drift_free
 
@@ -29,7 +30,8 @@ catalog, _ = load_data_files(data)
 
 probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
                    state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                   patch_files={package: catalog.target_files(package) for package in catalog.packages()},
+                   patch_files=with_config_targets({package: catalog.target_files(package)
+                                                    for package in catalog.packages()}, fp8_configs_of(data)),
                    record_check=catalog.packages(), known_contents=known_hashes())
 summarise_probe(report.host(host.name), probe)
 

@@ -71,14 +71,18 @@ def installed_versions(probe: dict[str, Any]) -> dict[str, str | None]:
 
 
 def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_digest: str | None,
-                    patch_sets: dict[str, list[str]]) -> dict[str, Any]:
-    """What a host holds once this run's plan is carried out: verify compares later probes with it."""
+                    patch_sets: dict[str, list[str]], fp8_configs: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a host holds once this run's plan is carried out: verify compares later probes with it.
+    ``fp8_configs``: the tuned configs installed in vLLM, path -> RECORD-style hash (left out when none)."""
     versions = installed_versions(probe)
     for requirement in requirements:
         name, _, version = requirement.partition("==")
         if name in versions and version:
             versions[name] = version
-    return {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+    record = {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+    if fp8_configs:
+        record["fp8_block_configs"] = fp8_configs
+    return record
 
 
 def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: int) -> str | None:

@@ -205,11 +205,11 @@ class RunReport:
 
 
 # Report columns follow the deploy's order of steps.
-STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "smoke", "verify",
-              "rollback"]
+STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "fp8 configs", "smoke",
+              "verify", "rollback"]
 # Steps every host passes before any work (their failure shows as the host's status, with the reason below).
 PRECHECK_STEPS = ("validate", "probe", "preflight")
-SHORT_STEP_NAMES = {"patches amd-aiter": "aiter patch", "patches vllm": "vllm patch"}
+SHORT_STEP_NAMES = {"patches amd-aiter": "aiter patch", "patches vllm": "vllm patch", "fp8 configs": "fp8 cfg"}
 # What a host that neither failed nor was left alone is, after a run of each mode.
 OUTCOMES = {"deploy": "provisioned", "verify": "as deployed", "rollback": "rolled back"}
 LEFT_ALONE = "left alone"

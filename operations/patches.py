@@ -57,7 +57,7 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
             state_dir="/var/lib/cdna2",
         )
     """
-    label = f"{plan.package} {plan.installed_version}"
+    label = f"{plan.package} {plan.installed_version}".strip()
     if plan.status == "patched":
         host.noop(f"{label} already patched ({', '.join(plan.sets)})")
         return
