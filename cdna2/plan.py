@@ -98,3 +98,21 @@ def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: in
         return (f"{hsa_free} bytes free beside {probe['aiter']['hsa_root']}, the translated tree needs {tree_bytes}: "
                 f"free space in the Python environment's filesystem")
     return None
+
+
+def upload_space_problem(statfs: str, needed_bytes: int, directory: str, host_name: str) -> str | None:
+    """Why an upload of ``needed_bytes`` into ``directory`` failed for want of room, from ``stat -f -c '%a %S %d'``
+    run there after the failure (free blocks, block size, free inodes), or None when there was room (another cause).
+
+    The probe measured enough room before; the disk filled up during the upload itself (SFTP reports that only as
+    a failure, not as ENOSPC).
+    """
+    try:
+        blocks, block_size, inodes = (int(word) for word in statfs.split()[:3])
+    except ValueError:
+        return None
+    free = blocks * block_size
+    if free >= needed_bytes and inodes > 0:
+        return None
+    return (f"no space left on {directory} on {host_name}: the kernel archive needs {needed_bytes} bytes, {free} "
+            f"bytes and {inodes} inodes are free now (the disk filled up during the upload)")

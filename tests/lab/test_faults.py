@@ -246,6 +246,48 @@ def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: d
     assert tree_digest(hsa(victim) / "gfx90a") == fault_lab["deployed"][victim["name"]]["digest"]
 
 
+def test_disk_full_during_the_upload_names_the_place_and_removes_the_partial_archive(fault_lab: dict,
+                                                                                        tmp_path: Path) -> None:
+    victim, survivor = running_hosts(fault_lab)
+    rollback(tmp_path)
+    staging = state_dir(victim) / "staging"
+    staging.mkdir(parents=True, exist_ok=True)
+    # A tmpfs with megabytes free but no inode left: the probe sees room for the archive (bytes), the upload itself
+    # then fails with ENOSPC when it creates the file. In the host's own mount namespace, as above.
+    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
+    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=2", "tmpfs", "/var/lib/cdna2/staging"],
+                   check=True)
+    try:
+        assert ssh(fault_lab, victim, "touch /var/lib/cdna2/staging/filler && stat -f -c %d /var/lib/cdna2/staging"
+                   ).stdout.split() == ["0"], "no inode left"
+        before = host_snapshot(victim)
+        run = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+        after = host_snapshot(victim)
+        leftovers = ssh(fault_lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
+    finally:
+        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    assert run.returncode != 0
+    row = run.row(victim["name"])
+    assert row["status"] == "failed" and row["steps"]["kernels"]["status"] == "failed", row
+    detail = row["steps"]["kernels"]["detail"]
+    assert detail.startswith(f"no space left on /var/lib/cdna2/staging on {victim['name']}: the kernel archive "
+                             f"needs "), detail
+    assert "bytes and 0 inodes are free now" in detail and "was removed and nothing else changed" in detail
+    assert f"{victim['name']}: no space left on /var/lib/cdna2/staging" in run.output
+    assert leftovers == ["filler"], "no partial archive is left"
+    assert run.row(survivor["name"])["status"] == "ok"
+    assert {key: after[key] for key in ("hsa", "aiter", "dist-info")} == \
+        {key: before[key] for key in ("hsa", "aiter", "dist-info")}, "nothing outside staging changed"
+    assert all(patch_status(victim, package, fault_lab["deployed"][victim["name"]]) == {"pristine"}
+               for package in PACKAGES), "the later steps did not run on the failed host"
+
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert tree_digest(hsa(victim) / "gfx90a") == fault_lab["deployed"][victim["name"]]["digest"]
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+    assert verified.returncode == 0, verified.output[-4000:]
+
+
 def revert_patches(lab: dict, lab_host: dict) -> None:
     site = "/opt/venv/lib/python3.11/site-packages"
     for package in PACKAGES:

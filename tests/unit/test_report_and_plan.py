@@ -14,7 +14,7 @@ import pytest
 from cdna2.archive import tree_archive
 from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, disk_space_problem, kernels_decision,
-                        target_env_error)
+                        target_env_error, upload_space_problem)
 from cdna2.report import CHANGED, FAILED, SKIPPED, UNCHANGED, RunReport, summarise_probe
 from cdna2.rollback import plan_rollback
 from lab.kinds import plan_hosts
@@ -115,7 +115,7 @@ def _cluster_report(mode: str = "deploy", noop: bool = False) -> RunReport:
         done = UNCHANGED if noop else CHANGED
         report.step(name, "wheels", done, "triton==3.7.1")
         row.package_changes([] if noop else ["triton==3.7.1"])
-        for step in ("kernels", "patches amd-aiter", "patches vllm", "smoke"):
+        for step in ("kernels", "patches amd-aiter", "patches vllm", "fp8 configs", "smoke"):
             report.step(name, step, done if mi210 else SKIPPED, "as planned" if mi210 else row.left_alone)
         if not noop:
             row.changes += ["agent: host-side modules are current", "wheels: ROCm-matched wheels, triton 3.7.1 last"]
@@ -130,12 +130,13 @@ def test_a_16_host_report_fits_one_screen_and_starts_with_the_cluster_summary() 
     table = [line for line in lines if line.startswith("|")]
     assert len(table) == 2 + 16
     assert max(len(line) for line in table) <= 120, max(table, key=len)
-    assert "| mi210-g | failed | gfx90a | 6.4.3 | C | - | - | - | - | - | 0 |" in table
-    assert "| mi300x-c | ok | gfx942 | 7.14.0 | D | changed | skipped | skipped | skipped | skipped | 2 |" in table
+    assert "| mi210-g | failed | gfx90a | 6.4.3 | C | - | - | - | - | - | - | 0 |" in table
+    assert "| mi300x-c | ok | gfx942 | 7.14.0 | D | changed | skipped | skipped | skipped | skipped | skipped | 2 |" \
+        in table
     # The left-alone reason once, for all five hosts; the failure under its host.
     assert markdown.count("AITER has native kernels for it") == 1
-    assert "mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (kernels, patches amd-aiter, patches vllm, smoke)" \
-        in markdown
+    assert "mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (kernels, patches amd-aiter, patches vllm, fp8 configs, " \
+        "smoke)" in markdown
     assert "### mi210-g: failed\n\n- preflight failed: ROCm 6.1.0 is not in the wheel matrix" in markdown
     assert "### mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (5 hosts): left alone\n\n- wheels changed" in markdown
     summary = report.to_json()["summary"]
@@ -147,8 +148,8 @@ def test_a_no_op_report_has_detail_only_for_what_failed() -> None:
     markdown = _cluster_report(noop=True).to_markdown()
     details = markdown.partition("## Hosts where something happened or failed")[2]
     assert details.count("### ") == 1 and "### mi210-g: failed" in details, details
-    assert "| mi210-a | ok | gfx90a | 6.4.3 | A | unchanged | unchanged | unchanged | unchanged | unchanged | 0 |" \
-        in markdown
+    assert "| mi210-a | ok | gfx90a | 6.4.3 | A | unchanged | unchanged | unchanged | unchanged | unchanged | unchanged " \
+        "| 0 |" in markdown
 
 
 def test_summary_words_follow_the_mode_and_the_dry_run() -> None:
@@ -235,3 +236,12 @@ def test_disk_space_problem_names_where_and_both_sizes() -> None:
         disk_space_problem(probe, 20_000, 50_000)
     probe["aiter"]["free_bytes"] = 10**9
     assert disk_space_problem(probe, 20_000, 50_000) is None
+
+
+def test_upload_space_problem_tells_a_full_disk_from_another_failure() -> None:
+    assert upload_space_problem("10 4096 100\n", 918473, "/var/lib/cdna2/staging", "mi210-a") == (
+        "no space left on /var/lib/cdna2/staging on mi210-a: the kernel archive needs 918473 bytes, 40960 bytes and "
+        "100 inodes are free now (the disk filled up during the upload)")
+    assert "0 inodes are free" in upload_space_problem("1000 4096 0", 918473, "/s", "h")
+    assert upload_space_problem("1000 4096 7", 918473, "/s", "h") is None, "room enough: the upload failed otherwise"
+    assert upload_space_problem("", 918473, "/s", "h") is None, "no answer from stat: another failure"
