@@ -211,22 +211,31 @@ def test_host_dying_during_the_kernel_upload(fault_lab: dict, tmp_path: Path) ->
     assert tree_digest(old_tree) == expected["digest"]
 
 
+def deploy_on_small_staging(lab: dict, victim: dict, tmpfs_options: str, check_command: str, report_dir: Path):
+    """Deploy while the victim's ``<state_dir>/staging`` is a tmpfs mounted with ``tmpfs_options``, inside the host's
+    own mount namespace (a mount made on the controller does not reach it: private propagation). Returns the output
+    of ``check_command`` run there first, the run, the victim's snapshots before and after, and what staging held."""
+    (state_dir(victim) / "staging").mkdir(parents=True, exist_ok=True)
+    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
+    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", tmpfs_options, "tmpfs", "/var/lib/cdna2/staging"],
+                   check=True)
+    try:
+        checked = ssh(lab, victim, check_command).stdout
+        before = host_snapshot(victim)
+        run = run_pyinfra("-y", "deploy.py", report_dir=report_dir)
+        after = host_snapshot(victim)
+        leftovers = ssh(lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
+    finally:
+        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    return checked, run, before, after, leftovers
+
+
 def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: dict, tmp_path: Path) -> None:
     victim, survivor = running_hosts(fault_lab)
     rollback(tmp_path)
-    staging = state_dir(victim) / "staging"
-    staging.mkdir(parents=True, exist_ok=True)
-    # Inside the host's own mount namespace: a mount made on the controller does not reach it (private propagation).
-    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
-    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/var/lib/cdna2/staging"], check=True)
-    try:
-        assert ssh(fault_lab, victim, "df --output=size /var/lib/cdna2/staging").stdout.split()[-1] == "64"
-        before = host_snapshot(victim)
-        run = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
-        after = host_snapshot(victim)
-        leftovers = ssh(fault_lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
-    finally:
-        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    checked, run, before, after, leftovers = deploy_on_small_staging(
+        fault_lab, victim, "size=64k", "df --output=size /var/lib/cdna2/staging", tmp_path)
+    assert checked.split()[-1] == "64"
     assert run.returncode != 0
     row = run.row(victim["name"])
     # The probe measured the free space: the host is refused before anything is uploaded, with the sizes.
@@ -250,22 +259,12 @@ def test_disk_full_during_the_upload_names_the_place_and_removes_the_partial_arc
                                                                                         tmp_path: Path) -> None:
     victim, survivor = running_hosts(fault_lab)
     rollback(tmp_path)
-    staging = state_dir(victim) / "staging"
-    staging.mkdir(parents=True, exist_ok=True)
     # A tmpfs with megabytes free but no inode left: the probe sees room for the archive (bytes), the upload itself
-    # then fails with ENOSPC when it creates the file. In the host's own mount namespace, as above.
-    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
-    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=2", "tmpfs", "/var/lib/cdna2/staging"],
-                   check=True)
-    try:
-        assert ssh(fault_lab, victim, "touch /var/lib/cdna2/staging/filler && stat -f -c %d /var/lib/cdna2/staging"
-                   ).stdout.split() == ["0"], "no inode left"
-        before = host_snapshot(victim)
-        run = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
-        after = host_snapshot(victim)
-        leftovers = ssh(fault_lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
-    finally:
-        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    # then fails with ENOSPC when it creates the file.
+    checked, run, before, after, leftovers = deploy_on_small_staging(
+        fault_lab, victim, "size=4m,nr_inodes=2",
+        "touch /var/lib/cdna2/staging/filler && stat -f -c %d /var/lib/cdna2/staging", tmp_path)
+    assert checked.split() == ["0"], "no inode left"
     assert run.returncode != 0
     row = run.row(victim["name"])
     assert row["status"] == "failed" and row["steps"]["kernels"]["status"] == "failed", row
