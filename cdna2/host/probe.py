@@ -291,6 +291,10 @@ def read_distributions(errors: list[str]) -> dict:
                 "version": fields["Version"],
                 "location": os.path.dirname(metadata_dir),
                 "metadata_dir": metadata_dir,
+                # pip writes a wheel's RECORD last: METADATA without it is an install that was cut short (a pip
+                # killed half-way), whatever version it names.
+                "complete": not metadata_dir.endswith(".dist-info")
+                or os.path.exists(os.path.join(metadata_dir, "RECORD")),
             }
             break
     return found

@@ -329,6 +329,57 @@ def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab:
     assert verified.returncode == 0, verified.output[-4000:]
 
 
+def pip_processes(lab_host: dict) -> list[int]:
+    """The host's pip processes (below its sshd: the deploy's sessions)."""
+    found = []
+    for pid in descendants(lab_host["pid"]):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pip" in words and b"install" in words:
+            found.append(pid)
+    return found
+
+
+def triton_left(lab_host: dict) -> list[str]:
+    """What pip left of triton: each dist-info, and whether it has its RECORD."""
+    return sorted(f"{path.name}{'' if (path / 'RECORD').exists() else ' (no RECORD)'}"
+                  for path in site_packages(lab_host).glob("triton-*.dist-info"))
+
+
+@pytest.mark.parametrize("killed", ["host pip", "controller"])
+def test_killed_while_the_wheels_step_replaces_triton_then_a_rerun_repairs(fault_lab: dict, tmp_path: Path,
+                                                                          killed: str) -> None:
+    victim = running_hosts(fault_lab)[0]
+    seed = int(os.environ.get("CDNA2_FAULT_SEED") or time.time())
+    delay = random.Random(seed).uniform(0.5, 12.0)
+    print(f"{killed} killed {delay:.2f} s into pip (seed {seed}; CDNA2_FAULT_SEED={seed} repeats it)")
+    restored = run_pyinfra("-y", "rollback.py", "--data", "rollback_restore_triton=true", report_dir=tmp_path)
+    assert restored.returncode == 0, restored.output[-4000:]
+    assert triton_left(victim) == ["triton-3.7.0.dist-info"], "the deploy has triton 3.7.0 to replace"
+
+    run = Controller("-y", "deploy.py", report_dir=tmp_path)
+    run.wait_until(lambda: pip_processes(victim), "pip replacing triton")
+    time.sleep(delay)  # pip removes 3.7.0's files, then writes 3.7.1's, RECORD last
+    if killed == "host pip":
+        for pid in pip_processes(victim):
+            os.kill(pid, signal.SIGKILL)
+    else:
+        run.process.send_signal(signal.SIGKILL)
+    assert run.finish() != 0 or killed == "host pip" and not pip_processes(victim)
+    for lab_host in running_hosts(fault_lab):
+        wait_sessions_gone(lab_host)
+    print(f"after the kill: {triton_left(victim)}")
+
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert triton_left(victim) == ["triton-3.7.1.dist-info"], "one whole triton 3.7.1"
+    assert rerun.row(victim["name"])["steps"]["smoke"]["status"] == "ok", rerun.row(victim["name"])["steps"]
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+    assert verified.returncode == 0, verified.output[-4000:]
+
+
 def release_fifo(fifo: Path) -> None:
     """Let a writer blocked opening ``fifo`` through (it then dies of SIGPIPE), and remove the FIFO."""
     descriptor = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)

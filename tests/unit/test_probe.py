@@ -106,7 +106,7 @@ def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) ->
     site = host_root / "site-packages"
     assert found["distributions"]["amd-aiter"] == {
         "name": "amd-aiter", "version": "0.1.7.post2.dev18", "location": str(site),
-        "metadata_dir": str(site / "amd_aiter-0.1.7.post2.dev18.dist-info")}
+        "metadata_dir": str(site / "amd_aiter-0.1.7.post2.dev18.dist-info"), "complete": True}
     assert found["distributions"]["triton"]["version"] == "3.7.0"
     assert found["distributions"]["torch"] is None and found["distributions"]["vllm"] is None
     aiter = found["aiter"]
@@ -257,6 +257,13 @@ def test_backups_of_patch_transactions_are_reported(host_root: Path) -> None:
 
 
 # --- what a re-run on an unchanged host does not read or send ----------------------------------------------------
+
+def test_a_distribution_without_its_record_is_reported_cut_short(host_root: Path) -> None:
+    assert run_probe(host_root)["distributions"]["triton"]["complete"] is True
+    (host_root / "site-packages/triton-3.7.0.dist-info/RECORD").unlink()  # a pip killed before it wrote RECORD
+    found = run_probe(host_root)["distributions"]["triton"]
+    assert (found["version"], found["complete"]) == ("3.7.0", False)
+
 
 def test_patch_target_bytes_are_left_out_only_when_the_controller_holds_them(host_root: Path) -> None:
     patch_files = {"amd-aiter": ["aiter/jit/core.py", "aiter/__init__.py"]}
