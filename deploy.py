@@ -15,17 +15,20 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
+from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.patches import plan_package
+from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
                         installed_versions, kernels_decision, target_env_error, with_data_arch)
+from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
-from operations.facts import HostProbe
+from operations.facts import host_probe
 from cdna2.kernels import Policy as KernelPolicy
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
-from operations.preflight import load_data_files, validate_inventory
+from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
@@ -38,15 +41,20 @@ data = host.data
 #    is touched.
 validate_inventory(inventory)
 catalog, wheel_plan_for = load_data_files(data)
+fp8_configs = fp8_configs_of(data)
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
-probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
-                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                      patch_files={package: catalog.target_files(package) for package in catalog.packages()})
+probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
+                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+                   patch_files=with_config_targets({package: catalog.target_files(package)
+                                                    for package in catalog.packages()}, fp8_configs),
+                   known_contents=known_hashes(), record_memo=record_memo(host.name))
+remember_records(host.name, probe)
 # An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
 probe, no_gpu_reason = with_data_arch(probe, data.gpu_arch)
 summarise_probe(report.host(host.name), probe)
+report.host(host.name).left_alone = arch_skip_reason(probe)
 env_error = target_env_error(probe)
 # Plan wheels and kernels now: a host they cannot serve (a ROCm the matrix lacks, no room for the kernel tree) is
 # failed before anything on it changes.
@@ -67,8 +75,9 @@ problem = env_error or wheel_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
-    python.raise_exception(name="preflight: the host can be provisioned", exception=OperationError,
-                           message=f"{host.name}: {problem}; nothing on it was changed")
+    # The message goes to the exception positionally: OperationError takes no keyword arguments.
+    python.raise_exception(OperationError, f"{host.name}: {problem}; nothing on it was changed",
+                           name="preflight: the host can be provisioned")
 else:
     arch = probe["gpu"]["arch"] or "no GPU agent"
     report.step(host.name, "probe", "ok", f"{arch} ({no_gpu_reason}), ROCm {probe['rocm']['version']}" if no_gpu_reason
@@ -120,8 +129,8 @@ else:
                                target_python=data.target_python, state_dir=data.state_dir)
     elif kernels == FAIL:
         report.step(host.name, "kernels", FAILED, why)
-        python.raise_exception(name="kernels: the host can take translated kernels", exception=OperationError,
-                               message=f"{host.name}: {why}")
+        python.raise_exception(OperationError, f"{host.name}: {why}",
+                               name="kernels: the host can take translated kernels")
     else:
         report.step(host.name, "kernels", SKIPPED, stale if kernels == PROCEED else why)
 
@@ -150,10 +159,22 @@ else:
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=data.state_dir)
 
+    # 6b. Tuned MI210 block-FP8 configs (fp8_block_configs) into vLLM's config directory, written like patches.
+    if fp8_configs and "vllm" in patch_sets:
+        files, _ = probe_files(probe, "vllm")
+        plan = plan_configs(fp8_configs, files, (probe["backups"].get(CONFIGS_PLAN) or {}).get("files", {}))
+        status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
+        report.step(host.name, "fp8 configs", status, "; ".join(plan.reasons) or f"{len(fp8_configs)} files")
+        if status != UNCHANGED:
+            patched_package(name="fp8 configs: vLLM has the tuned MI210 block-FP8 configs", plan=plan,
+                            site_packages=probe["distributions"]["vllm"]["location"],
+                            target_python=data.target_python, state_dir=data.state_dir)
+
     # 7. Prove it on gfx90a hosts, once per state they are left in. The smoke test is told the arch the probe saw:
     #    on a gfx90a host a GPU that cannot be used fails it (and no pass is recorded); never "passed" without one.
     deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
-                               tree and {"policy": tree.hazard_policy, "audit_version": tree.hazard_audit_version})
+                               tree and {"policy": tree.hazard_policy, "audit_version": tree.hazard_audit_version},
+                               installed_hashes(fp8_configs) if "vllm" in patch_sets else None)
     gpu_checks = data.smoke_gpu_checks and not no_gpu_reason  # whether GPU checks can run: part of what a pass proves
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")

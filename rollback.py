@@ -12,13 +12,13 @@ never provisioned, or only half, gets only what it needs; a second rollback chan
 from pyinfra import host, inventory, state
 
 from cdna2.agent import agent_dir
-from cdna2.plan import target_env_error, with_data_arch
+from cdna2.plan import sudo_refusal, target_env_error, with_data_arch
 from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
 from cdna2.rollback import plan_rollback
 from cdna2.translated import load_adaptations
 from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
 from operations.agent import agent_installed, current_agent_bundle
-from operations.facts import HostProbe
+from operations.facts import host_probe
 from operations.preflight import validate_inventory
 from operations.report import RunRecorder
 from operations.rollback import rolled_back, stock_files_verified
@@ -31,14 +31,14 @@ PACKAGES = ["amd-aiter", "vllm"]
 validate_inventory(inventory)
 
 # 2. Probe: what this host holds of the deploy's work.
-probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
-                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
+probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
+                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
 probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 kernel_jit = sorted({pattern for adaptation in load_adaptations() for pattern in adaptation["invalidates"]})
 plan = plan_rollback(probe, probe["state_dir_used"], data.rollback_restore_triton, kernel_jit)
-if env_error and not plan.empty:
+if env_error and (not plan.empty or sudo_refusal(probe)):  # unprivileged, the probe may miss what there is to undo
     plan.problems.append(env_error)
 
 # 3. The pip action that restores triton, from the same sources the deploy used.

@@ -12,13 +12,15 @@ from pyinfra import host, inventory, state
 
 from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
+from cdna2.fp8_configs import with_config_targets
 from cdna2.kernels.hazards import AUDIT_VERSION
 from cdna2.patches import plan_package
-from cdna2.plan import with_data_arch
+from cdna2.patches.contents import known_hashes
+from cdna2.plan import sudo_refusal, with_data_arch
 from cdna2.report import FAILED, summarise_probe
-from operations.facts import HostProbe
+from operations.facts import host_probe
 from operations.patches import probe_files
-from operations.preflight import load_data_files, validate_inventory
+from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
 from operations.verify import drift_free
 
@@ -28,10 +30,11 @@ data = host.data
 validate_inventory(inventory)
 catalog, _ = load_data_files(data)
 
-probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
-                      state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                      patch_files={package: catalog.target_files(package) for package in catalog.packages()},
-                      record_check=catalog.packages())
+probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
+                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+                   patch_files=with_config_targets({package: catalog.target_files(package)
+                                                    for package in catalog.packages()}, fp8_configs_of(data)),
+                   record_check=catalog.packages(), known_contents=known_hashes())
 probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
 summarise_probe(report.host(host.name), probe)
 
@@ -44,7 +47,9 @@ for package in deployed_sets:
         plans[package] = plan_package(catalog, package, found["version"], files, record,
                                       [name for name in deployed_sets[package] if name in catalog.optional_sets()])
 
-drift = find_drift(probe, plans, {"policy": data.kernel_hazard_policy, "audit_version": AUDIT_VERSION})
+refusal = sudo_refusal(probe)  # unprivileged, the probe cannot see what the deploy left
+drift = [refusal] if refusal else find_drift(probe, plans, {"policy": data.kernel_hazard_policy,
+                                                             "audit_version": AUDIT_VERSION})
 if (((probe["state"] or {}).get("deployed") or {}).get("kernel_hazards") or {}).get("policy") == "permissive":
     report.host(host.name).notes.append("kernels installed under kernel_hazard_policy permissive: kernels short of "
                                         "gfx90a's MFMA wait states in straight-line code may be among them")

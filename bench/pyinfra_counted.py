@@ -12,7 +12,7 @@ time what passes through them:
 - ``connect_s``: the SSH connection (TCP, key exchange, authentication);
 - ``uploads`` / ``downloads``: SFTP file transfers and their bytes, uploads split by what they carry;
 - ``facts`` / ``fact_s``: fact commands and their wall time by fact name (``operations.facts.HostProbe`` is the
-  deploy's one probe);
+  deploy's one probe), and ``probe_cpu_s``, the CPU the probe reports it used on the host;
 - controller-side: the kernel translations (``ensure_translation``) and gfx942 source fetches of the run.
 
 COUNTS.json is written when the CLI exits (any exit code); this process exits with the CLI's code. The wrappers add
@@ -28,6 +28,8 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+PROBE_FACT = "operations.facts.HostProbe"
 
 # What an upload carries, from its remote path (operations/agent.py, kernels.py, patches.py name them so).
 UPLOAD_KINDS = (("/staging/gfx90a-", "kernels"), ("/agent-", "agent"), (".cdna2-staged", "patches"),
@@ -116,9 +118,12 @@ def instrument(counts: Counts) -> None:
         row["facts"][name] += 1
         started = time.monotonic()
         try:
-            return get_one_fact(state, host, cls, *args, **kwargs)
+            result = get_one_fact(state, host, cls, *args, **kwargs)
         finally:
             row["fact_s"][name] += time.monotonic() - started
+        if name == PROBE_FACT and isinstance(result, dict) and "cpu_s" in result:
+            row["probe_cpu_s"] = result["cpu_s"]  # the probe's own CPU on the host, start-up included
+        return result
 
     SSHConnector.connect = timed_connect
     SSHConnector.run_shell_command = counted_run_shell_command

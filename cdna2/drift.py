@@ -54,6 +54,15 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
             drift.append(f"{package} patched files changed: {'; '.join(plan.reasons)}")
         elif sorted(plan.sets) != sorted(sets):
             drift.append(f"{package} patch sets are {', '.join(plan.sets)}, deployed {', '.join(sets)}")
+    config_files = ((probe["patch_targets"].get("vllm") or {}).get("files") or {})
+    for path, installed in sorted((deployed.get("fp8_block_configs") or {}).items()):
+        name = path.rsplit("/", 1)[-1]
+        if path not in config_files:
+            drift.append(f"fp8 config {name} not checked: verify with the fp8_block_configs the deploy had")
+        elif config_files[path] is None:
+            drift.append(f"fp8 config {name} missing from vLLM's config directory")
+        elif config_files[path]["current"] != installed:
+            drift.append(f"fp8 config {name} edited since the deploy installed it")
     for package, result in sorted(probe["record_check"].items()):
         edited = [path for path in result["mismatched"] if path not in patched_files]
         if edited or result["missing"]:

@@ -37,8 +37,21 @@ def arch_skip_reason(probe: dict[str, Any]) -> str | None:
             f"patching are for {TARGET_ARCH} only, left alone")
 
 
+def sudo_refusal(probe: dict[str, Any]) -> str | None:
+    """Why the login user cannot act as root on the host (the probe then ran unprivileged), or None."""
+    refused = probe.get("sudo_refused")
+    if not refused:
+        return None
+    return (f"user {refused['user']} may not run commands as root through sudo without a password "
+            f"({refused['error'] or 'sudo said nothing'}): give {refused['user']} passwordless sudo (NOPASSWD) "
+            f"or log in as root")
+
+
 def target_env_error(probe: dict[str, Any]) -> str | None:
-    """Why the host's target Python environment cannot be provisioned, or None."""
+    """Why the host's target Python environment cannot be provisioned (or not reached as root), or None."""
+    refusal = sudo_refusal(probe)
+    if refusal:
+        return refusal
     python = probe["python"]
     if not python["is_target"]:
         return (f"target Python {python['target']} is missing on the host: install the Python environment that "
@@ -74,10 +87,12 @@ def installed_versions(probe: dict[str, Any]) -> dict[str, str | None]:
 
 
 def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_digest: str | None,
-                    patch_sets: dict[str, list[str]], kernel_hazards: dict[str, str] | None = None) -> dict[str, Any]:
+                    patch_sets: dict[str, list[str]], kernel_hazards: dict[str, str] | None = None,
+                    fp8_configs: dict[str, str] | None = None) -> dict[str, Any]:
     """What a host holds once this run's plan is carried out: verify compares later probes with it.
 
     ``kernel_hazards``: the kernel hazard policy and audit version the installed kernel tree was made under.
+    ``fp8_configs``: the tuned configs installed in vLLM, path -> RECORD-style hash (left out when none).
     """
     versions = installed_versions(probe)
     for requirement in requirements:
@@ -87,6 +102,8 @@ def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_dige
     record = {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
     if kernel_hazards is not None:
         record["kernel_hazards"] = kernel_hazards
+    if fp8_configs:
+        record["fp8_block_configs"] = fp8_configs
     return record
 
 
@@ -103,3 +120,21 @@ def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: in
         return (f"{hsa_free} bytes free beside {probe['aiter']['hsa_root']}, the translated tree needs {tree_bytes}: "
                 f"free space in the Python environment's filesystem")
     return None
+
+
+def upload_space_problem(statfs: str, needed_bytes: int, directory: str, host_name: str) -> str | None:
+    """Why an upload of ``needed_bytes`` into ``directory`` failed for want of room, from ``stat -f -c '%a %S %d'``
+    run there after the failure (free blocks, block size, free inodes), or None when there was room (another cause).
+
+    The probe measured enough room before; the disk filled up during the upload itself (SFTP reports that only as
+    a failure, not as ENOSPC).
+    """
+    try:
+        blocks, block_size, inodes = (int(word) for word in statfs.split()[:3])
+    except ValueError:
+        return None
+    free = blocks * block_size
+    if free >= needed_bytes and inodes > 0:
+        return None
+    return (f"no space left on {directory} on {host_name}: the kernel archive needs {needed_bytes} bytes, {free} "
+            f"bytes and {inodes} inodes are free now (the disk filled up during the upload)")

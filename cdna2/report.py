@@ -7,7 +7,6 @@ renders, so the same report comes out of a deploy, a dry run, a verify or a roll
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any, Iterable
 from cdna2.host.state import write_file_atomically
 from cdna2.plan import RECORDED_PACKAGES, installed_versions
 
-REPORT_FORMAT = 1
+REPORT_FORMAT = 2
 
 # Step statuses, in the order a reader cares about them.
 FAILED, CHANGED, PLANNED, UNCHANGED, SKIPPED = "failed", "changed", "planned", "unchanged", "skipped"
@@ -46,6 +45,7 @@ class HostRow:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)  # per step, machine-readable (patch plans with diffs)
+    left_alone: str | None = None  # why the deploy leaves this host's AITER and vLLM as they are (its GPU arch)
     connected: bool = True
 
     def package_changes(self, requirements: Iterable[str]) -> None:
@@ -96,44 +96,100 @@ class RunReport:
         """Rows by host name: hosts are probed in parallel, so the order they were first seen in varies."""
         return sorted(self.rows.values(), key=lambda row: row.host)
 
+    def outcome(self, row: HostRow) -> str:
+        """What the run left this host as, in the summary's words: failed, left alone, or the mode's own word."""
+        if row.status == FAILED:
+            return FAILED
+        if row.left_alone:
+            return LEFT_ALONE
+        return OUTCOMES.get(self.mode, "ok") if self.executed else f"to be {OUTCOMES.get(self.mode, 'checked')}"
+
+    def summary(self) -> dict[str, Any]:
+        """Hosts counted by outcome and GPU arch, and the one line that says it: ``16 hosts: 11 gfx90a
+        provisioned, 5 left alone (gfx942), 0 failed``."""
+        counts: dict[str, dict[str, int]] = {}
+        for row in self.sorted_rows():
+            by_arch = counts.setdefault(self.outcome(row), {})
+            by_arch[row.arch or "unknown arch"] = by_arch.get(row.arch or "unknown arch", 0) + 1
+        parts = []
+        for outcome, by_arch in sorted(counts.items(), key=lambda item: item[0] in (LEFT_ALONE, FAILED)):
+            if outcome == LEFT_ALONE:
+                parts.append(f"{sum(by_arch.values())} left alone ({_counted(by_arch, len(by_arch) > 1)})")
+            elif outcome != FAILED:
+                parts.append(f"{_counted(by_arch, True)} {outcome}")
+        failed = sum(counts.get(FAILED, {}).values())
+        parts.append(f"{failed} failed")
+        return {"hosts": len(self.rows), "failed": failed, "outcomes": counts,
+                "text": f"{len(self.rows)} host{'' if len(self.rows) == 1 else 's'}: {', '.join(parts)}"}
+
+    def package_sets(self) -> dict[str, list[str]]:
+        """Each distinct set of package versions (a row's ``packages``, planned changes included), by table label."""
+        sets: dict[str, list[str]] = {}
+        for row in self.sorted_rows():
+            line = ", ".join(f"{name} {row.packages.get(name) or '-'}" for name in RECORDED_PACKAGES)
+            sets.setdefault(line, []).append(row.host)
+        return {_label(index): [line, *hosts] for index, (line, hosts) in enumerate(sets.items())}
+
     def to_json(self) -> dict[str, Any]:
+        labels = {host: label for label, (_, *hosts) in self.package_sets().items() for host in hosts}
         return {
             "format": REPORT_FORMAT,
             "mode": self.mode,
             "executed": self.executed,
             "inventory": self.inventory,
             "started": self.started.isoformat(timespec="seconds"),
-            "hosts": [dict(asdict(row), status=row.status) for row in self.sorted_rows()],
+            "summary": self.summary(),
+            "hosts": [dict(asdict(row), status=row.status, outcome=self.outcome(row), package_set=labels[row.host])
+                      for row in self.sorted_rows()],
             "failed_hosts": [row.host for row in self.sorted_rows() if row.status == FAILED],
         }
 
     def to_markdown(self) -> str:
-        step_names = sorted({step for row in self.rows.values() for step in row.steps},
+        """The cluster on one screen: the summary line, one short row per host (at most 120 columns for a cluster
+        of short host names), then only what a reader must act on or may want to know, host by host."""
+        rows = self.sorted_rows()
+        step_names = sorted({step for row in rows for step in row.steps if step not in PRECHECK_STEPS},
                             key=lambda name: STEP_ORDER.index(name) if name in STEP_ORDER else len(STEP_ORDER))
-        header = ["host", "status", "ROCm", "arch", *RECORDED_PACKAGES, *step_names, "changes this run"]
+        package_sets = self.package_sets()
+        labels = {host: label for label, (_, *hosts) in package_sets.items() for host in hosts}
+        header = ["host", "status", "arch", "ROCm", "packages", *(SHORT_STEP_NAMES.get(n, n) for n in step_names),
+                  "changes"]
         lines = [
             f"# {self.mode} report{'' if self.executed else ' (dry run: nothing executed)'}: {self.inventory}, "
             f"{self.started.isoformat(timespec='seconds')}",
             "",
+            f"**{self.summary()['text']}**",
+            "",
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
         ]
-        notes = {row.host: list(row.notes) for row in self.sorted_rows()}
-        for row in self.sorted_rows():
-            # A reason shared by several steps (a gfx942 host left alone) is written once, under Notes.
-            details = [step.detail for step in row.steps.values() if step.detail]
-            shared = {detail for detail in details if details.count(detail) > 1}
-            notes[row.host].extend(sorted(shared))
-            cells = [row.host, row.status, row.rocm or "?", row.arch or "?",
-                     *(row.packages.get(name) or "-" for name in RECORDED_PACKAGES),
-                     *((f"{row.steps[name].status} (see notes)" if row.steps[name].detail in shared
-                        else row.steps[name].cell()) if name in row.steps else "-" for name in step_names),
-                     ", ".join(row.changes) or "none"]
+        for row in rows:
+            cells = [row.host, row.status, _short_arch(row.arch), row.rocm or "?", labels[row.host],
+                     *(row.steps[name].status if name in row.steps else "-" for name in step_names),
+                     str(len(row.changes))]
             lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
-        for title, source in (("Errors", {row.host: row.errors for row in self.rows.values()}), ("Notes", notes)):
-            entries = [(host, text) for host, texts in sorted(source.items()) for text in texts]
-            if entries:
-                lines += ["", f"## {title}", ""] + [f"- {host}: {text}" for host, text in entries]
+        lines += ["", "## Package sets", ""]
+        lines += [f"- {label} ({len(hosts)} host{'' if len(hosts) == 1 else 's'}): {line}"
+                  for label, (line, *hosts) in package_sets.items()]
+        # A reason that leaves steps of many hosts skipped (a gfx942 host left alone) is written once, with its hosts.
+        skipped: dict[str, list[str]] = {}
+        for row in rows:
+            for name, step in row.steps.items():
+                if step.status == SKIPPED:
+                    skipped.setdefault(step.detail or "no reason given", []).append(f"{row.host} {name}")
+        if skipped:
+            lines += ["", "## Skipped", ""]
+            lines += [f"- {reason}: {_hosts_and_steps(entries)}" for reason, entries in skipped.items()]
+        # Hosts with the same outcome and the same detail (a cold deploy of identical nodes) share one entry.
+        detailed: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        for row in rows:
+            if entries := _host_detail(row):
+                detailed.setdefault((self.outcome(row), tuple(entries)), []).append(row.host)
+        if detailed:
+            lines += ["", "## Hosts where something happened or failed"]
+            for (outcome, entries), hosts in detailed.items():
+                count = f" ({len(hosts)} hosts)" if len(hosts) > 1 else ""
+                lines += ["", f"### {', '.join(hosts)}{count}: {outcome}", ""] + [f"- {entry}" for entry in entries]
         return "\n".join(lines) + "\n"
 
     def write(self, directory: Path) -> tuple[Path, Path]:
@@ -149,8 +205,57 @@ class RunReport:
 
 
 # Report columns follow the deploy's order of steps.
-STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "smoke", "verify",
-              "rollback", "image"]
+STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "fp8 configs", "smoke",
+              "verify", "rollback", "image"]
+# Steps every host passes before any work (their failure shows as the host's status, with the reason below).
+PRECHECK_STEPS = ("validate", "probe", "preflight")
+SHORT_STEP_NAMES = {"patches amd-aiter": "aiter patch", "patches vllm": "vllm patch", "fp8 configs": "fp8 cfg"}
+# What a host that neither failed nor was left alone is, after a run of each mode.
+OUTCOMES = {"deploy": "provisioned", "verify": "as deployed", "rollback": "rolled back"}
+LEFT_ALONE = "left alone"
+# Step statuses worth a line in the host's detail; "unchanged" and "ok" need none, "skipped" is grouped by reason.
+DETAILED_STATUSES = (FAILED, CHANGED, PLANNED)
+
+
+def _counted(by_arch: dict[str, int], with_counts: bool) -> str:
+    return ", ".join(f"{count} {arch}" if with_counts else arch for arch, count in sorted(by_arch.items()))
+
+
+def _label(index: int) -> str:
+    """Package set labels: A..Z, then AA, AB, ..."""
+    letters = ""
+    index += 1
+    while index:
+        index, remainder = divmod(index - 1, 26)
+        letters = chr(ord("A") + remainder) + letters
+    return letters
+
+
+def _short_arch(arch: str | None) -> str:
+    return "mixed" if arch and arch.startswith("mixed") else arch or "?"
+
+
+def _hosts_and_steps(entries: list[str]) -> str:
+    """``mi300x-c wheels``, ``mi300x-c kernels``... as ``mi300x-c (wheels, kernels)``, hosts in order."""
+    steps: dict[str, list[str]] = {}
+    for entry in entries:
+        host, _, step = entry.partition(" ")
+        steps.setdefault(host, []).append(step)
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for host, names in steps.items():
+        groups.setdefault(tuple(names), []).append(host)
+    return "; ".join(f"{', '.join(hosts)} ({', '.join(names)})" for names, hosts in groups.items())
+
+
+def _host_detail(row: HostRow) -> list[str]:
+    """The lines a reader needs about one host: steps that changed, are planned or failed, errors, notes, changes."""
+    entries = [f"{name} {step.status}" + (f": {step.detail}" if step.detail else "")
+               for name, step in row.steps.items() if step.status in DETAILED_STATUSES]
+    entries += [f"error: {error}" for error in row.errors]
+    entries += [f"note: {note}" for note in row.notes]
+    if row.changes:
+        entries.append(f"{len(row.changes)} operation(s) changed the host: {', '.join(row.changes)}")
+    return entries
 
 
 def _escape(cell: str) -> str:

@@ -200,12 +200,14 @@ def _mirror_sources(index_url: str | None, find_links: str | None) -> tuple[str,
     return None
 
 
-def _pip_argv(python: str, spec: PackageSpec, mirror: tuple[str, ...] | None) -> tuple[tuple[str, ...], str]:
+def _pip_argv(python: str, spec: PackageSpec, mirror: tuple[str, ...] | None,
+              ignore_installed: bool = False) -> tuple[tuple[str, ...], str]:
     # A mirror replaces the matrix's wheel file too: an air-gapped host must not reach for the original URL.
     requirement = spec.wheel if spec.wheel and mirror is None else spec.requirement()
     sources = mirror if mirror is not None else ("--index-url", spec.index_url)
     no_deps = ("--no-deps",) if spec.no_deps else ()
-    return (*PIP_ISOLATION, python, *PIP_INSTALL, *sources, *no_deps, requirement), requirement
+    ignore = ("--ignore-installed",) if ignore_installed else ()
+    return (*PIP_ISOLATION, python, *PIP_INSTALL, *sources, *no_deps, *ignore, requirement), requirement
 
 
 def _found_text(found: dict | None) -> str:
@@ -309,18 +311,23 @@ def plan_wheels(matrix: Matrix, probe: Mapping, *, pins: Mapping[str, str | None
         if spec is None or (name == "vllm" and not install_vllm):
             continue
         found = installed.get(name)
-        up_to_date = found is not None and version_satisfies(found["version"], spec.version)
+        # An install cut short (no RECORD) is no install: pip would call it satisfied, and cannot uninstall it.
+        cut_short = found is not None and found.get("complete") is False
+        up_to_date = found is not None and not cut_short and version_satisfies(found["version"], spec.version)
         if name == "amd-aiter" and not up_to_date:
             _refuse_source_build(spec, found, matrix.path)
         if name == "triton" and up_to_date and actions:
             why = "; reinstalled last because the installs before it can replace triton"
         elif up_to_date:
             continue
+        elif cut_short:
+            why = (f"; {found['metadata_dir']} has no RECORD: an install cut short, installed again over it "
+                   f"with --ignore-installed")
         elif name == "triton" and found is not None and found["version"] in BROKEN_TRITON:
             why = f"; triton {found['version']} {BROKEN_TRITON[found['version']]}"
         else:
             why = ""
-        argv, requirement = _pip_argv(python, spec, mirror)
+        argv, requirement = _pip_argv(python, spec, mirror, ignore_installed=cut_short)
         actions.append(PipAction(package=name, requirement=requirement, argv=argv,
                                  description=_describe(spec, found, mirror, why)))
     return WheelPlan(python=python, rocm_version=probe["rocm"]["version"], matrix_path=matrix.path,

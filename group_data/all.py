@@ -39,6 +39,10 @@ optional_patch_sets: list[str] = []
 # Install ROCm-matched torch, amd-aiter and vLLM from the wheel matrix, and pin triton last.
 install_wheels = True
 
+# A directory on the controller of tuned MI210 block-FP8 GEMM configs for vLLM (files named
+# N=...,K=...,device_name=AMD_Instinct_MI210,dtype=fp8_w8a8,block_shape=[128,128].json); None: install none.
+fp8_block_configs = None
+
 # Wheel matrix on the controller; None means the packaged cdna2/data/wheel-matrix.yaml.
 wheel_matrix = None
 

@@ -37,6 +37,8 @@ def _host_data(lab: dict, host: dict) -> dict:
         "ssh_hostname": host["address"],
         "ssh_port": host["port"],
         "ssh_user": lab["ssh"]["user"],
+        # A --login sudo lab: an unprivileged login, every command through sudo (as inventory/lab.py documents).
+        **({"_sudo": True} if lab["ssh"].get("sudo") else {}),
         "ssh_key": lab["ssh"]["key"],
         "ssh_known_hosts_file": lab["ssh"]["known_hosts"],
         "ssh_strict_host_key_checking": "yes",

@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -39,6 +40,11 @@ HOST_BASHRC = """# ~/.bashrc of a simulated lab host (written by lab/labctl.py):
 # .bashrc, it sets nothing for the non-interactive shells sshd starts. This machine's own
 # /root/.bashrc is not read on lab hosts.
 """
+# A lab started with --login sudo is reached as an unprivileged user who may sudo without a password, as the README
+# offers real clusters; a second user, without sudo rights, is there to be refused. Both are this machine's users
+# (the hosts share its /etc), named after the lab directory so that labs side by side have their own.
+LOGINS = ("root", "sudo")
+SUDOERS_DIR = Path("/etc/sudoers.d")
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 SSH_TIMEOUT_S = 10
@@ -261,7 +267,8 @@ def sshd_config_text(paths: LabPaths, planned: kinds.PlannedHost) -> str:
         f"# sshd of simulated lab host {planned.name} (written by lab/labctl.py)",
         f"ListenAddress {planned.address}:{kinds.PORT}",
         f"HostKey {_host_key(paths, planned.name)}",
-        f"AuthorizedKeysFile {paths.authorized_keys}",
+        # Root's key file is the lab's; a login user's is in its home (sshd reads it with that user's rights).
+        f"AuthorizedKeysFile {paths.authorized_keys} /home/%u/.ssh/authorized_keys",
         "PermitRootLogin prohibit-password",
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
@@ -372,12 +379,69 @@ def host_alive(host: dict) -> bool:
     return is_lab_sshd(host["pid"], host["sshd_config"])
 
 
-def _new_lab(paths: LabPaths, subnet: str) -> dict:
+def login_users(paths: LabPaths) -> dict[str, str]:
+    """The users of a --login sudo lab: ``sudo`` may run anything as root without a password, ``unprivileged``
+    may not."""
+    stem = f"cdna2-{hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]}"
+    return {"sudo": stem, "unprivileged": f"{stem}-nosudo"}
+
+
+def _sudoers_file(user: str) -> Path:
+    return SUDOERS_DIR / user  # sudo skips names holding a dot; these have none
+
+
+def ensure_login_users(paths: LabPaths) -> dict[str, str]:
+    """Create the lab's login users (idempotent): a home with the lab's key, and sudo rights for one of them."""
+    if shutil.which("sudo") is None:
+        raise RuntimeError("--login sudo needs Debian's sudo on this machine: run bin/setup (it installs it)")
+    users = login_users(paths)
+    public_key = paths.client_key.with_suffix(".pub").read_text()
+    for role, user in users.items():
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--home-dir", f"/home/{user}", "--shell", "/bin/sh",
+                            "--comment", f"cdna2 lab login ({role}) of {paths.root}", user], check=True)
+        # Without PAM, sshd refuses a locked account ("!" in shadow, useradd's default) even for a key: "*" is no
+        # password at all, and not locked.
+        subprocess.run(["usermod", "--password", "*", user], check=True)
+        entry = pwd.getpwnam(user)
+        ssh_dir = Path(entry.pw_dir, ".ssh")
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        write_atomically(ssh_dir / "authorized_keys", public_key, 0o600)
+        for path in (ssh_dir, ssh_dir / "authorized_keys"):
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+    sudoers = _sudoers_file(users["sudo"])
+    staged = sudoers.with_name(f".{sudoers.name}.staged")
+    staged.write_text(f"# cdna2 lab login of {paths.root} (lab/labctl.py)\n"
+                      f"{users['sudo']} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    staged.chmod(0o440)
+    subprocess.run(["visudo", "-q", "-c", "-f", str(staged)], check=True, capture_output=True)
+    staged.replace(sudoers)
+    return users
+
+
+def remove_login_users(users: dict[str, str]) -> None:
+    _sudoers_file(users["sudo"]).unlink(missing_ok=True)
+    for user in users.values():
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            continue
+        subprocess.run(["userdel", "--remove", user], check=True, capture_output=True)
+
+
+def _new_lab(paths: LabPaths, subnet: str, login: str) -> dict:
+    ssh = {"user": "root", "key": str(paths.client_key), "known_hosts": str(paths.known_hosts), "sudo": False}
+    if login == "sudo":
+        users = login_users(paths)
+        ssh.update(user=users["sudo"], sudo=True, users=users)
     return {
         "format": LAB_FORMAT,
         "lab_dir": str(paths.root),
         "subnet": subnet,
-        "ssh": {"user": "root", "key": str(paths.client_key), "known_hosts": str(paths.known_hosts)},
+        "login": login,
+        "ssh": ssh,
         "hosts": [],
     }
 
@@ -397,7 +461,7 @@ def check_lab_dir_outside_binds(paths: LabPaths) -> None:
                              f"own; set CDNA2_LAB_DIR to a directory outside {', '.join(HOST_BINDS)}")
 
 
-def up(paths: LabPaths, count: int, subnet: str | None) -> dict:
+def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
     check_lab_dir_outside_binds(paths)
@@ -409,10 +473,15 @@ def up(paths: LabPaths, count: int, subnet: str | None) -> dict:
         if lab is not None and subnet is not None and lab["subnet"] != subnet:
             raise SystemExit(f"the lab in {paths.root} uses subnet {lab['subnet']}, not {subnet}; "
                              f"run ./lab/down first to change it")
-        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET)
+        if lab is not None and login is not None and lab.get("login", "root") != login:
+            raise SystemExit(f"the lab in {paths.root} logs in as {lab.get('login', 'root')}, not {login}; "
+                             f"run ./lab/down first to change it")
+        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root")
         paths.root.mkdir(parents=True, exist_ok=True)
         ensure_controller_paths()
         ensure_client_key(paths)
+        if lab["ssh"].get("sudo"):
+            ensure_login_users(paths)
         recorded = {host["name"]: host for host in lab["hosts"]}
         for planned in kinds.plan_hosts(count, lab["subnet"]):
             host = recorded.get(planned.name)
@@ -448,6 +517,9 @@ def down(paths: LabPaths) -> dict:
         still_running = [host["name"] for host in lab["hosts"] if host_alive(host)]
         if still_running:
             raise SystemExit(f"hosts still running: {', '.join(still_running)}; lab state kept in {paths.root}")
+        if lab["ssh"].get("users"):
+            remove_login_users(lab["ssh"]["users"])
+            progress(f"removed the login users {', '.join(lab['ssh']['users'].values())}")
         shutil.rmtree(paths.root)
         progress(f"removed {paths.root}")
         return {"stopped": outcomes, "removed": str(paths.root)}
@@ -536,6 +608,9 @@ def build_parser() -> argparse.ArgumentParser:
     up_parser.add_argument("count", nargs="?", type=int, default=3)
     up_parser.add_argument("--subnet", help=f"first three octets of the hosts' loopback addresses "
                                             f"(default {kinds.DEFAULT_SUBNET}; fixed once the lab exists)")
+    up_parser.add_argument("--login", choices=LOGINS, help="how the deploy logs in: root (default), or an "
+                                                        "unprivileged user with passwordless sudo (fixed once the "
+                                                        "lab exists)")
     up_parser.add_argument("--json", action="store_true", help="print lab.json's content on stdout")
     down_parser = commands.add_parser("down", help="stop the recorded hosts and remove the lab's state")
     down_parser.add_argument("--json", action="store_true")
@@ -556,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, paths: LabPaths) -> int:
     if args.command == "up":
         started = time.monotonic()
-        lab = up(paths, args.count, args.subnet)
+        lab = up(paths, args.count, args.subnet, args.login)
         progress(f"up: {len(lab['hosts'])} host(s) in {time.monotonic() - started:.1f} s")
         if args.json:
             print(json.dumps(lab, indent=2))

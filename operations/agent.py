@@ -72,7 +72,7 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
     target = agent_dir(state_dir)
     staging = f"{target}.staging"
     remote_archive = f"{state_dir}/agent-{bundle.digest[:16]}.tar.gz"
-    yield StringCommand("mkdir", "-p", QuoteString(state_dir))
+    yield StringCommand("mkdir", "-p", "-m", "0700", QuoteString(state_dir))  # root's alone (cdna2/host/state.py)
     yield FileUploadCommand(str(bundle.archive), remote_archive)
     yield StringCommand(
         "rm", "-rf", QuoteString(staging), "&&", "mkdir", QuoteString(staging),

@@ -6,7 +6,7 @@ import json
 from importlib import resources
 from typing import Any
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, Host, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
@@ -33,15 +33,27 @@ class HostProbe(FactBase[dict]):
 
     @override
     def command(self, target_python: str, rocm_root: str, state_dir: str, agent_dir: str,
-                patch_files: dict[str, list[str]] | None = None,
-                record_check: list[str] | None = None) -> StringCommand:
+                patch_files: dict[str, list[str]] | None = None, record_check: list[str] | None = None,
+                known_contents: list[str] | None = None, record_memo: dict | None = None, sudo: bool = False,
+                sudo_user: str | None = None) -> StringCommand:
+        # known_contents, record_memo: what the controller holds already (cdna2/patches/contents.py,
+        # cdna2/probe_memo.py), so a host that has not changed sends no file bytes and reads no RECORD.
         options = json.dumps({"target_python": target_python, "rocm_root": rocm_root, "state_dir": state_dir,
                               "agent_dir": agent_dir, "patch_files": patch_files or {},
-                              "record_check": record_check or []}, sort_keys=True)
+                              "record_check": record_check or [], "known_contents": known_contents or [],
+                              "record_memo": record_memo or {}}, sort_keys=True)
         # Fall back to python3 so a host without its target environment is reported, not failed mid-probe.
+        probe = StringCommand('"$P" -c ', QuoteString(PROBE_SOURCE), " ", QuoteString(options), _separator="")
+        find_python = StringCommand("P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3;', _separator="")
+        if not sudo:
+            return StringCommand(find_python, probe)
+        # sudo ourselves (the fact runs with _sudo=False, see host_probe): a login that may not sudo without a
+        # password is probed unprivileged and says so (``sudo_refused``), for the preflight to fail that host by
+        # name, instead of pyinfra prompting for a password on the controller.
+        as_root = StringCommand("sudo", "-n", "-H", *(("-u", QuoteString(sudo_user)) if sudo_user else ()))
         return StringCommand(
-            "P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3; "$P" -c ', QuoteString(PROBE_SOURCE),
-            " ", QuoteString(options), _separator="",
+            find_python, "if", StringCommand("R=$(", as_root, " true 2>&1);", _separator=""), "then", as_root, probe,
+            ";", "else", probe, '"$R";', "fi",
         )
 
     @override
@@ -50,6 +62,13 @@ class HostProbe(FactBase[dict]):
             return json.loads("\n".join(output))
         except ValueError as error:
             raise FactProcessError(f"host probe printed no JSON ({error}); first line: {output[:1]}") from error
+
+
+def host_probe(host: Host, **options: Any) -> dict[str, Any]:
+    """``host.get_fact(HostProbe, **options)``, through sudo when the host's data asks for it (``_sudo``,
+    ``_sudo_user``): the probe runs sudo itself, so that a refusal is reported in the probe, not prompted for."""
+    return host.get_fact(HostProbe, sudo=bool(host.data.get("_sudo")), sudo_user=host.data.get("_sudo_user"),
+                         _sudo=False, **options)
 
 
 class SmokeResult(FactBase[dict]):

@@ -6,13 +6,16 @@ import threading
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import FunctionCommand, QuoteString, State, StringCommand, operation
+from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 
 from cdna2.cache import cache_root
 from cdna2.kernels import Policy
+from cdna2.plan import upload_space_problem
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
 from operations.agent import agent_command, lease_command
+from operations.report import record_failure
 
 # One translation per source digest and kernel policy per run, however many hosts share it: deploy.py runs once
 # per host, in parallel greenlets, and the first host with a given tree does the work while the others wait.
@@ -54,6 +57,27 @@ def translated_tree_for(source_host: Host, probe: dict, policy: Policy) -> Trans
                 cache, digest, source, policy,
                 progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
     return _translations[digest, policy]
+
+
+def upload_archive(state: State, host: Host, archive: Path, remote_archive: str) -> None:
+    """Upload the kernel archive; when that fails, remove what part of it arrived and say why: "no space left on
+    <dir> on <host>" with the sizes when the disk filled up during the upload, else the upload error."""
+    privilege = {key: host.data.get(key) for key in ("_sudo", "_sudo_user") if host.data.get(key)}
+    try:
+        if host.put_file(str(archive), remote_archive, **privilege):
+            return
+        error = "the upload failed"
+    except (OSError, IOError, EOFError) as upload_error:  # the SFTP server's failure, or the connection's
+        error = f"the upload failed: {upload_error}"
+    directory = remote_archive.rsplit("/", 1)[0]
+    _, output = host.run_shell_command(
+        StringCommand("rm", "-f", QuoteString(remote_archive), ";", "stat", "-f", "-c", QuoteString("%a %S %d"),
+                      QuoteString(directory)), **privilege)
+    problem = (f"{upload_space_problem(output.stdout, archive.stat().st_size, directory, host.name) or error}; "
+               f"the partial archive {remote_archive} was removed and nothing else changed: free space there and "
+               f"run the deploy again")
+    record_failure(host.name, "kernels", problem)  # an exception's message reaches no output the report reads
+    raise OperationError(f"{host.name}: {problem}")
 
 
 @operation()
@@ -100,7 +124,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
                 f"{tree.kernels} kernels) and replace {hsa_root}/gfx90a: {replaced} -> {tree.digest[:12]}")
     yield lease_command(target_python, state_dir)
     yield StringCommand("mkdir", "-p", QuoteString(f"{state_dir}/staging"))
-    yield FileUploadCommand(str(tree.archive), remote_archive)
+    yield FunctionCommand(upload_archive, (tree.archive, remote_archive), {})
     yield agent_command(target_python, state_dir, "kernels", "install", "--archive", remote_archive,
                         "--sha256", tree.archive_sha256, "--digest", tree.digest,
                         "--hsa-root", hsa_root, "--state-dir", state_dir)

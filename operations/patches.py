@@ -8,19 +8,16 @@ import json
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from cdna2.host.probe import file_content
 from cdna2.patches import PackagePlan
+from cdna2.patches.contents import target_files
 from operations.agent import agent_command, lease_command
 from operations.util import fail_host_command, first_pass
 
 
 def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dict[str, str]]:
-    """The target files' bytes and RECORD hashes of ``package`` as the probe read them."""
-    entries = probe["patch_targets"][package]["files"]
-    files = {path: file_content(entry["content"]) if entry else None
-             for path, entry in entries.items()}
-    record = {path: entry["record"] for path, entry in entries.items() if entry and entry["record"]}
-    return files, record
+    """The target files' bytes and RECORD hashes of ``package`` as the probe of this host reported them (bytes it
+    left out because the controller holds them come from the controller's copies)."""
+    return target_files(host.name, probe["patch_targets"][package]["files"])
 
 
 def change_manifest(plan: PackagePlan, site_packages: str, state_dir: str) -> dict:
@@ -60,7 +57,7 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
             state_dir="/var/lib/cdna2",
         )
     """
-    label = f"{plan.package} {plan.installed_version}"
+    label = f"{plan.package} {plan.installed_version}".strip()
     if plan.status == "patched":
         host.noop(f"{label} already patched ({', '.join(plan.sets)})")
         return

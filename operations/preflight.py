@@ -9,6 +9,7 @@ from typing import Callable
 from pyinfra.api import Inventory
 from pyinfra.api.exceptions import PyinfraError
 
+from cdna2.fp8_configs import Fp8ConfigError, load_configs
 from cdna2.hostdata import HostDataError, validate_hosts
 from cdna2.patches import Catalog, PatchDataError, load_catalog
 from cdna2.wheels import Matrix, MatrixError, WheelPlan, WheelPlanError, load_matrix, pins_from_host_data, plan_wheels
@@ -42,6 +43,22 @@ def _catalog() -> Catalog:
 @cache
 def _matrix(path: str | None) -> Matrix:
     return load_matrix(path)
+
+
+@cache
+def _fp8_configs(directory: str) -> dict[str, bytes]:
+    return load_configs(directory)
+
+
+def fp8_configs_of(data) -> dict[str, bytes]:
+    """The tuned block-FP8 configs this host's data names (``fp8_block_configs``), checked; {} when unset. A file
+    vLLM would not use stops the run for every host, as a broken data file does."""
+    if not data.fp8_block_configs:
+        return {}
+    try:
+        return _fp8_configs(data.fp8_block_configs)
+    except Fp8ConfigError as error:
+        raise PyinfraError(f"invalid data file, no host was changed: {error}") from error
 
 
 def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPlanError]]:

@@ -41,6 +41,12 @@ def inventory_argument(arguments: list[str]) -> str:
     return "inventory"
 
 
+def record_failure(host_name: str, step: str, detail: str) -> None:
+    """Mark ``step`` of a host failed in this run's report, with why (for failures raised on the controller)."""
+    if RunRecorder._current is not None:
+        RunRecorder._current.report.step(host_name, step, FAILED, detail)
+
+
 class RunRecorder(BaseStateCallback):
     """The one recorder of a pyinfra run; ``RunRecorder.install`` returns it from every host's deploy pass."""
 

@@ -10,7 +10,7 @@ from cdna2.report import FAILED, RunReport
 from cdna2.rollback import RollbackPlan
 from cdna2.wheels import PipAction
 from operations.agent import agent_command, lease_command
-from operations.facts import HostProbe
+from operations.facts import host_probe
 from operations.util import fail_host_command
 
 
@@ -88,8 +88,8 @@ def stock_files_verified(report: RunReport, packages: list[str], target_python: 
     if not state.is_executing:
         host.noop("RECORD check runs after the rollback")
         return
-    probe = host.get_fact(HostProbe, target_python=target_python, rocm_root=rocm_root, state_dir=state_dir,
-                          agent_dir=agent_dir(state_dir), record_check=packages)
+    probe = host_probe(host, target_python=target_python, rocm_root=rocm_root, state_dir=state_dir,
+                       agent_dir=agent_dir(state_dir), record_check=packages)
     lines, bad = [], []
     for package, result in sorted(probe["record_check"].items()):
         differing = result["mismatched"] + result["missing"]

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from cdna2.host.cli import finish
-from cdna2.host.probe import file_sha256, tree_digest
+from cdna2.host.probe import file_sha256, tree_digest, tree_stat_signature
 from cdna2.host.state import host_lock, update_state
 
 STATE_KEY = "kernels"
@@ -113,6 +113,8 @@ def install(archive: Path, sha256: str, digest: str, hsa_root: Path, state_dir: 
         archive.unlink(missing_ok=True)
         update_state(state_dir, STATE_KEY, {
             "digest": digest, "archive_sha256": sha256, "hsa_root": str(hsa_root),
+            # The probe takes the digest from here while the tree's stat is unchanged (cdna2/host/probe.py).
+            "stat_signature": tree_stat_signature(current)[0],
             "previous": str(previous) if previous.exists() else None,
             "installed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         })

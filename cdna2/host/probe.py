@@ -11,20 +11,24 @@ The options are described by ``ProbeOptions`` below.
 
 from __future__ import annotations
 
+# Paths are strings and os.path here, and processes are spawned without subprocess: a probe runs on every host on
+# every run, and importing pathlib and subprocess cost it more CPU than reading an unchanged host.
 import binascii
 import csv
 import hashlib
 import json
 import os
+import pwd
 import re
-import subprocess
+import select
 import sys
+import time
 import zlib
 from collections.abc import Collection
 from functools import lru_cache
-from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 
-PROBE_FORMAT = 2
+PROBE_FORMAT = 3
 
 # Distributions the deploy reasons about, by their PEP 503 name; the alternatives are other names the same
 # software is installed under (a source build of AITER registers as "aiter").
@@ -56,9 +60,18 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + _b64(digest).translate(_URLSAFE).rstrip("=")
 
 
-def file_sha256(path: Path) -> str | None:
+def _read_bytes(path: str | os.PathLike) -> bytes:
+    with open(path, "rb") as stream:
+        return stream.read()
+
+
+def _read_text(path: str | os.PathLike) -> str:
+    return _read_bytes(path).decode("utf-8", errors="replace")
+
+
+def file_sha256(path: str | os.PathLike) -> str | None:
     """Hex sha256 of a file, read in blocks; None when it is not a file."""
-    if not path.is_file():
+    if not os.path.isfile(path):
         return None
     digest = hashlib.sha256()
     with open(path, "rb") as stream:
@@ -72,7 +85,7 @@ def _digest_of_entries(entries: list[tuple[str, str, str]]) -> str:
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
-def tree_digest(root: Path) -> str:
+def tree_digest(root: str | os.PathLike) -> str:
     """Digest of every regular file under ``root``: sha256 over sorted RECORD-style lines relative to ``root``.
 
     A tree installed from a wheel has the same digest as ``record_tree_digest`` of the wheel's RECORD for that
@@ -95,17 +108,70 @@ def tree_digest(root: Path) -> str:
     return _digest_of_entries(entries)
 
 
+def _lines_starting_with(text: str, prefix: str) -> dict[int, str]:
+    """The lines of ``text`` that start with ``prefix``, by offset, found by ``str.find`` (a scan in C, not a
+    Python-level test of every line)."""
+    lines: dict[int, str] = {}
+    index = 0 if text.startswith(prefix) else text.find("\n" + prefix) + 1 or -1
+    while index >= 0:
+        end = text.find("\n", index)
+        lines[index] = text[index:None if end < 0 else end].rstrip("\r")
+        index = -1 if end < 0 else text.find("\n" + prefix, end) + 1 or -1
+    return lines
+
+
+def tree_stat_signature(root: str | os.PathLike) -> tuple[str, int]:
+    """Digest of what ``stat`` says of every regular file under ``root`` (path, size, mtime, ctime, inode), and
+    their number: the digest is equal for an untouched tree and changes once any file is written, replaced, added
+    or removed; no file is opened. The kernel install records it beside the tree's content digest."""
+    lines = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+        relative_dir = directory[len(os.fspath(root)) + 1:]
+        for file_name in files:
+            stat = os.lstat(os.path.join(directory, file_name))
+            if S_ISREG(stat.st_mode):
+                relative = f"{relative_dir}/{file_name}" if relative_dir else file_name
+                lines.append(f"{relative},{stat.st_size},{stat.st_mtime_ns},{stat.st_ctime_ns},{stat.st_ino}\n")
+    return hashlib.sha256("".join(sorted(lines)).encode("utf-8")).hexdigest(), len(lines)
+
+
 @lru_cache(maxsize=16)
 def record_entries(record_text: str, prefixes: tuple[str, ...] = ("",)) -> tuple[list[str], ...]:
     """[path, hash field, size] of the RECORD rows whose path starts with one of ``prefixes`` (default: every row).
 
-    RECORD is CSV, so a path holding a comma comes quoted: such lines are always parsed, then filtered by path.
-    Filtering the raw lines first keeps a probe off the CSV parse of AITER's 1.5 MB RECORD; the result is cached
-    because a probe asks for the same rows more than once.
+    RECORD is CSV, so a path holding a comma comes quoted (``"prefix...``): the lines starting with a prefix,
+    quoted or not, are selected first, which keeps a probe off the CSV parse of AITER's 1.5 MB RECORD (and off a
+    Python-level test of each of its lines); the result is cached because a probe asks for the same rows twice.
     """
-    lines = [line for line in record_text.splitlines() if line.startswith(prefixes) or line.startswith('"')]
+    if "" in prefixes:
+        lines = record_text.splitlines()
+    else:
+        # A quoted path starts with '"': only the quoted lines of these prefixes, not every quoted line (vLLM's and
+        # AITER's RECORDs quote thousands of config file names holding commas).
+        found = {offset: line for prefix in {*prefixes, *(f'"{prefix}' for prefix in prefixes)}
+                 for offset, line in _lines_starting_with(record_text, prefix).items()}
+        lines = [found[offset] for offset in sorted(found)]  # in RECORD order, as the full parse gives them
+    # Only a quoted path needs the CSV parser; splitting the other lines on commas is several times faster.
+    rows = (line.split(",") if '"' not in line else next(csv.reader([line]), []) for line in lines)
     return tuple(row if len(row) == 3 else (row + ["", ""])[:3]
-                 for row in csv.reader(lines) if row and row[0].startswith(prefixes))
+                 for row in rows if row and row[0] and row[0].startswith(prefixes))
+
+
+def record_hashes(record_text: str, paths: Collection[str]) -> dict[str, str]:
+    """The RECORD hash field of each of ``paths`` that RECORD lists with one: one ``str.find`` per path, stopping at
+    its row (a path is listed once), instead of parsing the rows of a large RECORD."""
+    hashes = {}
+    for path in paths:
+        for start in (f"{path},", f'"{path}",'):  # pip quotes a path holding a comma
+            index = 0 if record_text.startswith(start) else record_text.find(f"\n{start}") + 1 or -1
+            if index >= 0:
+                end = record_text.find("\n", index)
+                row = next(csv.reader([record_text[index:None if end < 0 else end].rstrip("\r")]), [])
+                if len(row) > 1 and row[0] == path and row[1]:
+                    hashes[path] = row[1]
+                break
+    return hashes
 
 
 def record_tree_digest(record_text: str, prefix: str) -> tuple[str, int]:
@@ -119,9 +185,8 @@ def record_tree_digest(record_text: str, prefix: str) -> tuple[str, int]:
 
 def read_os() -> dict:
     release = {}
-    os_release = Path("/etc/os-release")
-    if os_release.is_file():
-        for line in os_release.read_text(errors="replace").splitlines():
+    if os.path.isfile("/etc/os-release"):
+        for line in _read_text("/etc/os-release").splitlines():
             key, sep, value = line.partition("=")
             if sep:
                 release[key] = value.strip().strip('"')
@@ -139,11 +204,6 @@ def read_os() -> dict:
 def read_python(target_python: str) -> dict:
     running = os.path.realpath(sys.executable)
     is_target = os.path.realpath(target_python) == running or sys.executable == target_python
-    paths = {}
-    if is_target:
-        import sysconfig
-
-        paths = {"purelib": sysconfig.get_paths()["purelib"]}
     return {
         "path": sys.executable,
         "target": target_python,
@@ -152,7 +212,6 @@ def read_python(target_python: str) -> dict:
         "version": sys.version.split()[0],
         "abi": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "prefix": sys.prefix,
-        "site_packages": paths.get("purelib"),
     }
 
 
@@ -165,13 +224,13 @@ def canonical_name(name: str) -> str:
 METADATA_DIRS = {".dist-info": "METADATA", ".egg-info": "PKG-INFO"}
 
 
-def find_metadata_dirs(wanted: Collection[str], search_path: Collection[str] | None = None) -> dict[str, Path]:
+def find_metadata_dirs(wanted: Collection[str], search_path: Collection[str] | None = None) -> dict[str, str]:
     """The first metadata directory on ``sys.path`` (or ``search_path``) of each wanted (canonical) name, as
     importlib.metadata finds it.
 
     Read by hand rather than through importlib.metadata, whose imports alone cost more than the rest of the probe.
     """
-    found: dict[str, Path] = {}
+    found: dict[str, str] = {}
     for entry in sys.path if search_path is None else search_path:
         try:
             names = sorted(os.listdir(entry or "."))
@@ -183,15 +242,15 @@ def find_metadata_dirs(wanted: Collection[str], search_path: Collection[str] | N
                 continue
             canonical = canonical_name(name[:-len(suffix)].partition("-")[0])
             if canonical in wanted and canonical not in found:
-                found[canonical] = Path(entry or ".", name)
+                found[canonical] = os.path.join(entry or ".", name)
     return found
 
 
-def read_core_metadata(metadata_dir: Path) -> dict[str, str]:
+def read_core_metadata(metadata_dir: str | os.PathLike) -> dict[str, str]:
     """The header fields of a distribution's METADATA (PKG-INFO): up to the first blank line, first value wins."""
     fields: dict[str, str] = {}
-    file_name = next(name for suffix, name in METADATA_DIRS.items() if metadata_dir.name.endswith(suffix))
-    text = (metadata_dir / file_name).read_text(encoding="utf-8", errors="replace")
+    file_name = next(name for suffix, name in METADATA_DIRS.items() if os.fspath(metadata_dir).endswith(suffix))
+    text = _read_text(os.path.join(metadata_dir, file_name))
     for line in text.splitlines():
         if not line.strip():
             break
@@ -201,9 +260,9 @@ def read_core_metadata(metadata_dir: Path) -> dict[str, str]:
     return fields
 
 
-def installed_version(site_packages: Path, name: str) -> str | None:
+def installed_version(site_packages: str | os.PathLike, name: str) -> str | None:
     """The version of distribution ``name`` installed in ``site_packages``; None when it is not there or unreadable."""
-    metadata_dir = find_metadata_dirs({canonical_name(name)}, [str(site_packages)]).get(canonical_name(name))
+    metadata_dir = find_metadata_dirs({canonical_name(name)}, [os.fspath(site_packages)]).get(canonical_name(name))
     try:
         return read_core_metadata(metadata_dir).get("Version") if metadata_dir else None
     except OSError:
@@ -230,8 +289,12 @@ def read_distributions(errors: list[str]) -> dict:
             found[canonical] = {
                 "name": fields["Name"],
                 "version": fields["Version"],
-                "location": str(metadata_dir.parent),
-                "metadata_dir": str(metadata_dir),
+                "location": os.path.dirname(metadata_dir),
+                "metadata_dir": metadata_dir,
+                # pip writes a wheel's RECORD last: METADATA without it is an install that was cut short (a pip
+                # killed half-way), whatever version it names.
+                "complete": not metadata_dir.endswith(".dist-info")
+                or os.path.exists(os.path.join(metadata_dir, "RECORD")),
             }
             break
     return found
@@ -244,9 +307,9 @@ def parse_rocm_version(text: str) -> str | None:
 
 
 def read_rocm(rocm_root: str, distributions: dict) -> dict:
-    version_file = Path(rocm_root, ".info", "version")
-    if version_file.is_file():
-        raw = version_file.read_text(errors="replace").strip()
+    version_file = os.path.join(rocm_root, ".info", "version")
+    if os.path.isfile(version_file):
+        raw = _read_text(version_file).strip()
         return {"version": parse_rocm_version(raw), "raw": raw, "source": str(version_file)}
     wheel = distributions.get("rocm-sdk-core")
     if wheel:
@@ -284,13 +347,12 @@ def gfx_name(target_version: int) -> str:
 
 def read_kfd_topology(nodes_dir: str) -> list[dict]:
     agents = []
-    nodes = Path(nodes_dir)
-    for node in sorted(nodes.iterdir(), key=lambda p: p.name) if nodes.is_dir() else []:
-        properties = node / "properties"
-        if not properties.is_file():
+    for node in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
+        properties = os.path.join(nodes_dir, node, "properties")
+        if not os.path.isfile(properties):
             continue
         values = {}
-        for line in properties.read_text(errors="replace").splitlines():
+        for line in _read_text(properties).splitlines():
             key, _, value = line.partition(" ")
             values[key] = value.strip()
         target = int(values.get("gfx_target_version", "0") or 0)
@@ -306,17 +368,60 @@ def read_kfd_topology(nodes_dir: str) -> list[dict]:
     return agents
 
 
+SIGKILL = 9
+
+
+def run_program(argv: list[str], timeout: float) -> tuple[int, str, str]:
+    """Run a program; its exit code, stdout and stderr (TimeoutError after ``timeout`` seconds, the program killed).
+
+    Spawned by hand: importing ``subprocess`` (signal, threading, selectors...) costs a probe more CPU than all it
+    reads on a provisioned host.
+    """
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    try:  # the pipes are close-on-exec; only the duplicated ends reach the program
+        pid = os.posix_spawn(argv[0], argv, os.environ, file_actions=[
+            (os.POSIX_SPAWN_DUP2, out_write, 1), (os.POSIX_SPAWN_DUP2, err_write, 2)])
+    except OSError:
+        os.close(out_read)
+        os.close(err_read)
+        raise
+    finally:
+        os.close(out_write)
+        os.close(err_write)
+    output: dict[int, list[bytes]] = {out_read: [], err_read: []}
+    deadline, pending = time.monotonic() + timeout, [out_read, err_read]
+    try:
+        while pending and (ready := select.select(pending, [], [], max(deadline - time.monotonic(), 0))[0]):
+            for descriptor in ready:
+                if data := os.read(descriptor, 1 << 16):
+                    output[descriptor].append(data)
+                else:
+                    pending.remove(descriptor)
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # output closed, exit not yet seen
+        if status[0] == 0:
+            os.kill(pid, SIGKILL)
+            os.waitpid(pid, 0)
+            raise TimeoutError(f"no exit after {timeout:g} s, killed")
+    finally:
+        for descriptor in output:
+            os.close(descriptor)
+    text = [b"".join(output[descriptor]).decode("utf-8", errors="replace") for descriptor in (out_read, err_read)]
+    return os.waitstatus_to_exitcode(status[1]), text[0], text[1]
+
+
 def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str]) -> dict:
     agents, source = [], None
-    rocminfo = Path(rocm_root, "bin", "rocminfo")
+    rocminfo = os.path.join(rocm_root, "bin", "rocminfo")
     if os.access(rocminfo, os.X_OK):
         try:
-            result = subprocess.run([str(rocminfo)], capture_output=True, text=True, timeout=60)
-            if result.returncode == 0:
-                agents, source = parse_rocminfo(result.stdout), str(rocminfo)
+            code, stdout, stderr = run_program([rocminfo], timeout=60)
+            if code == 0:
+                agents, source = parse_rocminfo(stdout), rocminfo
             else:
-                errors.append(f"{rocminfo} exited {result.returncode}: {result.stderr.strip()[-300:]}")
-        except (OSError, subprocess.TimeoutExpired) as error:
+                errors.append(f"{rocminfo} exited {code}: {stderr.strip()[-300:]}")
+        except (OSError, TimeoutError) as error:
             errors.append(f"{rocminfo}: {error}")
     if not agents:
         agents = read_kfd_topology(kfd_topology)
@@ -326,15 +431,17 @@ def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str]) -> dict:
             "arch": arches[0] if len(arches) == 1 else None}
 
 
-def read_records(distributions: dict, errors: list[str]) -> dict[str, str]:
-    """The RECORD text of every installed distribution, read once ("" when unreadable, with an error line)."""
+def read_records(distributions: dict, errors: list[str], packages: Collection[str] | None = None) -> dict[str, str]:
+    """The RECORD text of every installed distribution (or of ``packages``), read once ("" when unreadable, with
+    an error line)."""
     records = {}
     for package, dist in distributions.items():
-        if dist is None:
+        if dist is None or (packages is not None and package not in packages):
             continue
-        record = Path(dist["metadata_dir"], "RECORD")
+        record = os.path.join(dist["metadata_dir"], "RECORD")
         try:
-            records[package] = record.read_text(encoding="utf-8") if record.exists() else ""
+            # Bytes, then decoded: no newline translation over a RECORD of megabytes.
+            records[package] = _read_bytes(record).decode("utf-8") if os.path.exists(record) else ""
         except (OSError, UnicodeDecodeError) as error:  # a broken dist-info must not hide the rest of the probe
             errors.append(f"{dist['name']} RECORD unreadable: {error}")
             records[package] = ""
@@ -355,26 +462,57 @@ def kernel_tree_root(record_text: str) -> str | None:
     return None
 
 
-def read_aiter(dist: dict | None, record_text: str, errors: list[str]) -> dict | None:
-    """AITER's kernel trees: the gfx942 tree as its RECORD promises it, and the gfx90a tree as it is on disk."""
+def record_stat(metadata_dir: str) -> str | None:
+    """What ``stat`` says of a distribution's RECORD (size, mtime, inode): it changes whenever pip writes the RECORD,
+    i.e. whenever the distribution is installed again. None when there is no RECORD. Not the ctime: it changes with
+    the link count, and hard-linked environments (the lab's, say) share a RECORD inode that others link and unlink."""
+    try:
+        stat = os.stat(os.path.join(metadata_dir, "RECORD"))
+    except OSError:
+        return None
+    return f"{stat.st_size},{stat.st_mtime_ns},{stat.st_ino}"
+
+
+def record_facts(package: str, record_text: str, target_paths: Collection[str]) -> dict:
+    """What the deploy needs from one RECORD: the RECORD hashes of the patch targets and, for AITER, where its kernel
+    tree is and what its gfx942 tree should hold. The controller keeps these per host and hands them back to the
+    next probe (``record_memo``), which then reads the RECORD again only when its stat changed."""
+    facts: dict = {"paths": sorted(target_paths), "targets": record_hashes(record_text, target_paths)}
+    if package == "amd-aiter":
+        facts["hsa_rel"] = kernel_tree_root(record_text)
+        facts["gfx942"] = record_tree_digest(record_text, f"{facts['hsa_rel']}/gfx942/") if facts["hsa_rel"] else None
+    return facts
+
+
+def read_aiter(dist: dict | None, record_text: str, errors: list[str], installed: dict | None = None,
+               facts: dict | None = None) -> dict | None:
+    """AITER's kernel trees: the gfx942 tree as its RECORD promises it, and the gfx90a tree as it is on disk.
+
+    ``facts``: ``record_facts`` of AITER's RECORD, when the caller has them (then ``record_text`` is not read).
+    ``installed``: the kernel install's record (``state["kernels"]``); when the gfx90a tree's stat signature is the
+    one recorded there, its digest is taken from the record instead of reading every kernel (None: always read).
+    """
     if dist is None:
         return None
-    hsa_rel = kernel_tree_root(record_text)
+    facts = facts or record_facts("amd-aiter", record_text, ())
+    hsa_rel = facts["hsa_rel"]
     info = {"hsa_root": None, "gfx942_record_digest": None, "gfx942_record_files": 0, "gfx942_on_disk": False,
             "gfx90a_digest": None, "gfx90a_files": 0, "gfx90a_previous": False, "free_bytes": None}
     if hsa_rel is None:
         errors.append(f"{dist['name']} RECORD lists no hsa/gfx942 kernel tree")
         return info
-    hsa_root = Path(dist["location"], hsa_rel)
-    info["hsa_root"] = str(hsa_root)
-    info["gfx942_record_digest"], info["gfx942_record_files"] = record_tree_digest(record_text, f"{hsa_rel}/gfx942/")
-    info["gfx942_on_disk"] = (hsa_root / "gfx942").is_dir()
-    info["gfx90a_previous"] = (hsa_root / ".gfx90a.previous").is_dir()
+    hsa_root = os.path.join(dist["location"], hsa_rel)
+    info["hsa_root"] = hsa_root
+    info["gfx942_record_digest"], info["gfx942_record_files"] = facts["gfx942"]
+    info["gfx942_on_disk"] = os.path.isdir(os.path.join(hsa_root, "gfx942"))
+    info["gfx90a_previous"] = os.path.isdir(os.path.join(hsa_root, ".gfx90a.previous"))
     info["free_bytes"] = free_bytes(hsa_root)
-    gfx90a = hsa_root / "gfx90a"
-    if gfx90a.is_dir():
-        info["gfx90a_digest"] = tree_digest(gfx90a)
-        info["gfx90a_files"] = sum(len(files) for _, _, files in os.walk(gfx90a))
+    gfx90a = os.path.join(hsa_root, "gfx90a")
+    if os.path.isdir(gfx90a):
+        signature, info["gfx90a_files"] = tree_stat_signature(gfx90a)
+        unchanged = (installed and installed.get("hsa_root") == hsa_root
+                     and installed.get("stat_signature") == signature)
+        info["gfx90a_digest"] = installed["digest"] if unchanged else tree_digest(gfx90a)
     return info
 
 
@@ -383,27 +521,33 @@ def file_content(encoded: str) -> bytes:
     return zlib.decompress(binascii.a2b_base64(encoded))
 
 
-def read_patch_targets(patch_files: dict, distributions: dict, records: dict[str, str]) -> dict:
-    """For each package's candidate files: RECORD hash, current hash and content (zlib+base64), or null."""
+def read_patch_targets(patch_files: dict, distributions: dict, target_records: dict[str, dict[str, str]],
+                       known_contents: Collection[str] = ()) -> dict:
+    """For each package's candidate files: RECORD hash (from ``target_records``: package -> path -> hash), current
+    hash and content (zlib+base64), or null.
+
+    ``content`` is null when the current hash is one of ``known_contents``: the controller holds those bytes
+    already (cdna2/patches/contents.py), so a provisioned host sends none.
+    """
     targets: dict[str, dict] = {}
     for package, files in patch_files.items():
         dist = distributions.get(package)
         if dist is None:
             continue
-        record = {path: hash_field for path, hash_field, _ in record_entries(records[package], tuple(files))
-                  if path in files}
+        record = target_records.get(package, {})
         entries = {}
         for rel in files:
-            path = Path(dist["location"], rel)
-            if not path.is_file():
+            path = os.path.join(dist["location"], rel)
+            if not os.path.isfile(path):
                 entries[rel] = None
                 continue
-            data = path.read_bytes()
+            data = _read_bytes(path)
+            current = record_hash(data)
             entries[rel] = {
                 "record": record.get(rel) or None,
-                "current": record_hash(data),
+                "current": current,
                 # Level 1: the bytes cross a local network once; level 9 cost more CPU than the rest of the probe.
-                "content": _b64(zlib.compress(data, 1)),
+                "content": None if current in known_contents else _b64(zlib.compress(data, 1)),
             }
         targets[package] = {"location": dist["location"], "files": entries}
     return targets
@@ -413,7 +557,7 @@ def read_patch_targets(patch_files: dict, distributions: dict, records: dict[str
 NOT_IN_RECORD = ("/hsa/gfx90a/", "/hsa/.gfx90a.previous/")
 
 
-def record_mismatches(location: Path, record_text: str, skip_paths: Collection[str] = ()) -> dict:
+def record_mismatches(location: str | os.PathLike, record_text: str, skip_paths: Collection[str] = ()) -> dict:
     """Compare every file a RECORD lists with the disk: how many were checked, which differ or are gone.
 
     Not checked: bytecode, console scripts outside site-packages (``../../bin/vllm``: pip writes them per
@@ -421,15 +565,15 @@ def record_mismatches(location: Path, record_text: str, skip_paths: Collection[s
     """
     checked, mismatched, missing = 0, [], []
     for path, hash_field, _ in record_entries(record_text):
-        parts = PurePosixPath(path).parts
+        parts = path.split("/")
         if (not hash_field or path in skip_paths or "__pycache__" in parts or ".." in parts
                 or any(tree in f"/{path}" for tree in NOT_IN_RECORD)):
             continue
-        target = location / path
+        target = os.path.join(location, path)
         checked += 1
-        if not target.is_file():
+        if not os.path.isfile(target):
             missing.append(path)
-        elif record_hash(target.read_bytes()) != hash_field:
+        elif record_hash(_read_bytes(target)) != hash_field:
             mismatched.append(path)
     return {"checked": checked, "mismatched": mismatched, "missing": missing}
 
@@ -437,34 +581,41 @@ def record_mismatches(location: Path, record_text: str, skip_paths: Collection[s
 def read_backups(state_dir: str, errors: list[str]) -> dict:
     """The patch transactions' backup records (cdna2/host/txn.py): what was patched, and any unfinished journal."""
     backups = {}
-    for record in sorted(Path(state_dir, "backups").glob("*/state.json")):
+    backups_dir = os.path.join(state_dir, "backups")
+    for name in sorted(os.listdir(backups_dir)) if os.path.isdir(backups_dir) else []:
+        backup_dir = os.path.join(backups_dir, name)
+        record = os.path.join(backup_dir, "state.json")
+        if not os.path.isfile(record):
+            continue
         try:
-            state = json.loads(record.read_text())
+            state = json.loads(_read_text(record))
         except (OSError, ValueError) as error:
             errors.append(f"{record}: unreadable patch record: {error}")
             continue
-        backups[state["package"]] = {"backup_dir": str(record.parent), "root": state["root"],
+        backups[state["package"]] = {"backup_dir": backup_dir, "root": state["root"],
                                      "version": state.get("version"),
                                      "files": state["files"], "jit_invalidations": state["jit_invalidations"],
-                                     "journal": (record.parent / "journal.json").exists()}
+                                     "journal": os.path.exists(os.path.join(backup_dir, "journal.json"))}
     return backups
 
 
-def free_bytes(path: Path) -> int | None:
+def free_bytes(path: str) -> int | None:
     """Bytes an unprivileged write could still use on the filesystem of ``path`` (or of its nearest parent)."""
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            stats = os.statvfs(candidate)
-            return stats.f_bavail * stats.f_frsize
-    return None
+    candidate = os.path.abspath(path)
+    while not os.path.exists(candidate):
+        if candidate == os.path.dirname(candidate):
+            return None
+        candidate = os.path.dirname(candidate)
+    stats = os.statvfs(candidate)
+    return stats.f_bavail * stats.f_frsize
 
 
 def read_state(state_dir: str, errors: list[str]) -> dict | None:
-    state_file = Path(state_dir, "state.json")
-    if not state_file.is_file():
+    state_file = os.path.join(state_dir, "state.json")
+    if not os.path.isfile(state_file):
         return None
     try:
-        return json.loads(state_file.read_text())
+        return json.loads(_read_text(state_file))
     except (OSError, ValueError) as error:
         errors.append(f"{state_file}: unreadable tool state: {error}")
         return None
@@ -472,21 +623,36 @@ def read_state(state_dir: str, errors: list[str]) -> dict | None:
 
 def read_agent(agent_dir: str | None) -> dict:
     """Digest of this tool's host-side modules as installed on the host, to decide whether to upload them."""
-    if not agent_dir or not Path(agent_dir).is_dir():
+    if not agent_dir or not os.path.isdir(agent_dir):
         return {"digest": None}
-    return {"digest": tree_digest(Path(agent_dir))}
+    return {"digest": tree_digest(agent_dir)}
 
 
 def probe(options: dict) -> dict:
     """Options: target_python, rocm_root, state_dir; optional agent_dir, kfd_topology, patch_files {package: [paths]},
-    record_check [packages] (compare those distributions' files with their RECORD: reads every file)."""
+    known_contents [hashes the controller holds the bytes of], record_memo {package: {stat, facts}} (the
+    ``record_facts`` of the last probe of this host, reused while the RECORD's stat is the same), record_check
+    [packages] (compare those distributions' files with their RECORD: reads every file, and the kernel tree too,
+    whatever any stat says)."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
-    records = read_records(distributions, errors)
+    patch_files, record_check = options.get("patch_files", {}), options.get("record_check", [])
     if not python["is_target"]:
         errors.append(f"target Python {options['target_python']} is missing or not executable; "
                       f"probed with {sys.executable} instead")
+    # RECORDs: read only where the controller's memo of this host does not match the file's stat any more, or for
+    # a drift check (record_check), which reads every RECORD, every file it lists, and every kernel.
+    memo = {} if record_check else options.get("record_memo", {})
+    stats = {package: record_stat(distributions[package]["metadata_dir"])
+             for package in {"amd-aiter", *patch_files} if distributions.get(package)}
+    reused = {package for package, stat in stats.items() if stat and (memo.get(package) or {}).get("stat") == stat
+              and memo[package]["facts"].get("paths") == sorted(patch_files.get(package, ()))}
+    records = read_records(distributions, errors, {*stats, *record_check} - reused)
+    facts = {package: memo[package]["facts"] if package in reused
+             else record_facts(package, records.get(package, ""), patch_files.get(package, ())) for package in stats}
+    state = read_state(options["state_dir"], errors)
+    installed_kernels = None if record_check else (state or {}).get("kernels")
     return {
         "format": PROBE_FORMAT,
         "os": read_os(),
@@ -494,24 +660,37 @@ def probe(options: dict) -> dict:
         "rocm": read_rocm(options["rocm_root"], distributions),
         "gpu": read_gpus(options["rocm_root"], options.get("kfd_topology", KFD_TOPOLOGY), errors),
         "distributions": distributions,
-        "aiter": read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors),
-        "patch_targets": read_patch_targets(options.get("patch_files", {}), distributions, records),
-        "state": read_state(options["state_dir"], errors),
-        "state_dir_used": Path(options["state_dir"]).is_dir() and any(Path(options["state_dir"]).iterdir()),
-        "state_dir_free_bytes": free_bytes(Path(options["state_dir"], "staging")),
+        "aiter": read_aiter(distributions.get("amd-aiter"), "", errors, installed_kernels, facts.get("amd-aiter")),
+        "patch_targets": read_patch_targets(patch_files, distributions,
+                                            {package: found["targets"] for package, found in facts.items()},
+                                            set(options.get("known_contents", ()))),
+        "record_facts": {package: {"stat": stats[package], "facts": facts[package], "reused": package in reused}
+                         for package in stats},
+        "state": state,
+        "state_dir_used": os.path.isdir(options["state_dir"]) and bool(os.listdir(options["state_dir"])),
+        "state_dir_free_bytes": free_bytes(os.path.join(options["state_dir"], "staging")),
         "agent": read_agent(options.get("agent_dir")),
         "backups": read_backups(options["state_dir"], errors),
-        "record_check": {package: record_mismatches(Path(distributions[package]["location"]), records[package])
-                         for package in options.get("record_check", []) if distributions.get(package)},
+        "record_check": {package: record_mismatches(distributions[package]["location"], records[package])
+                         for package in record_check if distributions.get(package)},
         "errors": errors,
+        # This process's CPU since it started (interpreter start-up included) and its children's (rocminfo, to the
+        # clock tick): what one probe costs the host, for bench/deploy.
+        "cpu_s": round(time.process_time() + os.times().children_user + os.times().children_system, 4),
     }
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(f"usage: {argv[0]} '<json options>'", file=sys.stderr)
+    if len(argv) not in (2, 3):
+        print(f"usage: {argv[0]} '<json options>' [SUDO_REFUSAL]", file=sys.stderr)
         return 2
-    print(json.dumps(probe(json.loads(argv[1])), sort_keys=True))
+    found = probe(json.loads(argv[1]))
+    # SUDO_REFUSAL: what sudo said when the login user asked it for root (operations/facts.py); this probe then
+    # runs as that user, for the report, and the deploy fails the host before changing anything.
+    # Its last line is the refusal; lines before it are warnings (an unresolvable host name, say).
+    refusal = (argv[2].strip().splitlines() or [""])[-1][-300:] if len(argv) == 3 else None
+    found["sudo_refused"] = {"user": pwd.getpwuid(os.geteuid()).pw_name, "error": refusal} if len(argv) == 3 else None
+    print(json.dumps(found, sort_keys=True))
     return 0
 
 

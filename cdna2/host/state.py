@@ -29,7 +29,8 @@ from cdna2.host.cli import finish
 STATE_FORMAT = 1
 RUN_ENVIRONMENT = "CDNA2_RUN"  # who runs this command: the controller's run description (operations/agent.py)
 LEASE = "lease.json"
-SSHD_EXECUTABLES = {"sshd", "sshd-session"}  # OpenSSH before and since 9.8 serve a connection with these
+SSHD_EXECUTABLES = {"sshd", "sshd-session"}
+STATE_DIR_MODE = 0o700  # OpenSSH before and since 9.8 serve a connection with these
 
 
 class HostLockedError(RuntimeError):
@@ -93,7 +94,9 @@ def hold_run_lease(state_dir: Path, run: str) -> dict[str, Any]:
 @contextmanager
 def host_lock(state_dir: Path, wait_seconds: float = 0.0) -> Iterator[None]:
     """Hold ``<state_dir>/lock`` exclusively; raise HostLockedError naming the holder if it stays busy."""
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+    # Backups, the lease and the agent the deploy runs as root live here: root's alone, whoever logged in.
+    os.chmod(state_dir, STATE_DIR_MODE)
     lock_path = state_dir / "lock"
     with open(lock_path, "a+") as lock_file:
         deadline = time.monotonic() + wait_seconds

@@ -3,7 +3,8 @@
 ``apply MANIFEST`` verifies every current file and every staged replacement before touching anything, keeps the
 first (pristine) original of each file in the backup directory, journals the renames, then renames the staged files
 into place. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
-finishes an interrupted transaction from its journal, so a package is never left half-patched.
+finishes an interrupted transaction from its journal, so a package is never left half-patched. A manifest row
+with no expected sha256 adds a file (it must be absent); it has no original, and ``revert`` removes it.
 
 Backup directory layout: ``state.json`` (package, its version, root, per file the original and patched sha256, the
 JIT outputs to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
@@ -106,7 +107,10 @@ def _roll_forward(backup_dir: Path, journal: dict) -> None:
     for entry in journal["entries"]:
         target = _inside(root, entry["path"])
         if file_sha256(target) == entry["new_sha256"]:
-            continue  # renamed before the interruption
+            continue  # renamed (or removed) before the interruption
+        if entry["new_sha256"] is None:  # a file this tool added, reverted: removed
+            target.unlink()
+            continue
         staged = Path(entry["staged"])
         if file_sha256(staged) != entry["new_sha256"]:
             raise TxnError(f"{target}: neither renamed nor staged ({staged} is missing or changed); cannot finish "
@@ -183,12 +187,16 @@ def _verify_manifest(root: Path, changes: list[dict]) -> None:
 
 
 def _back_up_originals(backup_dir: Path, root: Path, state: dict, changes: list[dict]) -> None:
-    """Keep the first original of each file; a later apply never overwrites it (that one is the pristine copy)."""
+    """Keep the first original of each file; a later apply never overwrites it (that one is the pristine copy). A
+    file the change adds (no expected sha256: it must be absent) has no original; revert removes it."""
     for change in changes:
         path = change["path"]
         if path in state["files"]:
             continue
         target = _inside(root, path)
+        if change["expected_sha256"] is None:
+            state["files"][path] = {"original_sha256": None, "patched_sha256": None}
+            continue
         write_file_atomically(_inside(backup_dir / ORIGINALS, path), target.read_bytes(), mode=target.stat().st_mode & 0o7777)
         state["files"][path] = {"original_sha256": change["expected_sha256"], "patched_sha256": None}
     _write_json(backup_dir / STATE, state)
@@ -205,8 +213,9 @@ def apply(manifest: dict) -> dict:
         _back_up_originals(backup_dir, root, state, changes)
         state["jit_invalidations"] = sorted(set(state["jit_invalidations"]) | set(manifest.get("jit_invalidations", [])))
         _write_json(backup_dir / STATE, state)
-        for change in changes:  # the new file keeps the mode of the one it replaces
-            os.chmod(change["staged"], _inside(root, change["path"]).stat().st_mode & 0o7777)
+        for change in changes:  # the new file keeps the mode of the one it replaces (an added one: 0644)
+            target = _inside(root, change["path"])
+            os.chmod(change["staged"], target.stat().st_mode & 0o7777 if target.exists() else 0o644)
         _commit(backup_dir, {"kind": "apply", "package": manifest["package"], "root": str(root),
                              "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
                                           "new_sha256": c["new_sha256"]} for c in changes]})
@@ -245,6 +254,9 @@ def revert(backup_dir: Path, root: Path) -> dict:
             if current != hashes["patched_sha256"]:
                 raise TxnError(f"{target}: sha256 {current} is neither the original nor our patched state; it was "
                                f"edited after patching: refusing to overwrite it (restore it by hand or reinstall)", path)
+            if hashes["original_sha256"] is None:  # added by this tool: removed
+                entries.append({"path": path, "staged": None, "old_sha256": current, "new_sha256": None})
+                continue
             original = _inside(backup_dir / ORIGINALS, path)
             staged = target.with_name(f".{target.name}.cdna2-revert")
             shutil.copy2(original, staged)

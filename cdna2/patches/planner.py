@@ -83,7 +83,9 @@ class PackagePlan:
         It names the package version the plan was made for, so the host can tell backups of an earlier
         installation (reinstalled or upgraded since it was patched) from this one's.
         """
-        return {"root": root, "package": self.package, "version": self.installed_version, "backup_dir": backup_dir,
+        # No version (""): files that belong to no package version (vLLM's tuned configs, cdna2.fp8_configs).
+        return {"root": root, "package": self.package, "version": self.installed_version or None,
+                "backup_dir": backup_dir,
                 "changes": [{"path": change.path, "expected_sha256": change.old_sha256, "staged": staged[change.path],
                              "new_sha256": change.new_sha256} for change in self.changes],
                 "jit_invalidations": self.jit_invalidations}

@@ -211,22 +211,31 @@ def test_host_dying_during_the_kernel_upload(fault_lab: dict, tmp_path: Path) ->
     assert tree_digest(old_tree) == expected["digest"]
 
 
+def deploy_on_small_staging(lab: dict, victim: dict, tmpfs_options: str, check_command: str, report_dir: Path):
+    """Deploy while the victim's ``<state_dir>/staging`` is a tmpfs mounted with ``tmpfs_options``, inside the host's
+    own mount namespace (a mount made on the controller does not reach it: private propagation). Returns the output
+    of ``check_command`` run there first, the run, the victim's snapshots before and after, and what staging held."""
+    (state_dir(victim) / "staging").mkdir(parents=True, exist_ok=True)
+    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
+    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", tmpfs_options, "tmpfs", "/var/lib/cdna2/staging"],
+                   check=True)
+    try:
+        checked = ssh(lab, victim, check_command).stdout
+        before = host_snapshot(victim)
+        run = run_pyinfra("-y", "deploy.py", report_dir=report_dir)
+        after = host_snapshot(victim)
+        leftovers = ssh(lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
+    finally:
+        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    return checked, run, before, after, leftovers
+
+
 def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: dict, tmp_path: Path) -> None:
     victim, survivor = running_hosts(fault_lab)
     rollback(tmp_path)
-    staging = state_dir(victim) / "staging"
-    staging.mkdir(parents=True, exist_ok=True)
-    # Inside the host's own mount namespace: a mount made on the controller does not reach it (private propagation).
-    mount = ["nsenter", "-t", str(victim["pid"]), "-m"]
-    subprocess.run([*mount, "mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/var/lib/cdna2/staging"], check=True)
-    try:
-        assert ssh(fault_lab, victim, "df --output=size /var/lib/cdna2/staging").stdout.split()[-1] == "64"
-        before = host_snapshot(victim)
-        run = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
-        after = host_snapshot(victim)
-        leftovers = ssh(fault_lab, victim, "ls -A /var/lib/cdna2/staging").stdout.split()
-    finally:
-        subprocess.run([*mount, "umount", "/var/lib/cdna2/staging"], check=True)
+    checked, run, before, after, leftovers = deploy_on_small_staging(
+        fault_lab, victim, "size=64k", "df --output=size /var/lib/cdna2/staging", tmp_path)
+    assert checked.split()[-1] == "64"
     assert run.returncode != 0
     row = run.row(victim["name"])
     # The probe measured the free space: the host is refused before anything is uploaded, with the sizes.
@@ -244,6 +253,38 @@ def test_full_disk_in_staging_fails_cleanly_and_keeps_the_old_state(fault_lab: d
     rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
     assert rerun.returncode == 0, rerun.output[-4000:]
     assert tree_digest(hsa(victim) / "gfx90a") == fault_lab["deployed"][victim["name"]]["digest"]
+
+
+def test_disk_full_during_the_upload_names_the_place_and_removes_the_partial_archive(fault_lab: dict,
+                                                                                        tmp_path: Path) -> None:
+    victim, survivor = running_hosts(fault_lab)
+    rollback(tmp_path)
+    # A tmpfs with megabytes free but no inode left: the probe sees room for the archive (bytes), the upload itself
+    # then fails with ENOSPC when it creates the file.
+    checked, run, before, after, leftovers = deploy_on_small_staging(
+        fault_lab, victim, "size=4m,nr_inodes=2",
+        "touch /var/lib/cdna2/staging/filler && stat -f -c %d /var/lib/cdna2/staging", tmp_path)
+    assert checked.split() == ["0"], "no inode left"
+    assert run.returncode != 0
+    row = run.row(victim["name"])
+    assert row["status"] == "failed" and row["steps"]["kernels"]["status"] == "failed", row
+    detail = row["steps"]["kernels"]["detail"]
+    assert detail.startswith(f"no space left on /var/lib/cdna2/staging on {victim['name']}: the kernel archive "
+                             f"needs "), detail
+    assert "bytes and 0 inodes are free now" in detail and "was removed and nothing else changed" in detail
+    assert f"{victim['name']}: no space left on /var/lib/cdna2/staging" in run.output
+    assert leftovers == ["filler"], "no partial archive is left"
+    assert run.row(survivor["name"])["status"] == "ok"
+    assert {key: after[key] for key in ("hsa", "aiter", "dist-info")} == \
+        {key: before[key] for key in ("hsa", "aiter", "dist-info")}, "nothing outside staging changed"
+    assert all(patch_status(victim, package, fault_lab["deployed"][victim["name"]]) == {"pristine"}
+               for package in PACKAGES), "the later steps did not run on the failed host"
+
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert tree_digest(hsa(victim) / "gfx90a") == fault_lab["deployed"][victim["name"]]["digest"]
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+    assert verified.returncode == 0, verified.output[-4000:]
 
 
 def revert_patches(lab: dict, lab_host: dict) -> None:
@@ -284,6 +325,62 @@ def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab:
     for lab_host in hosts:
         facts = fault_lab["deployed"][lab_host["name"]]
         assert all(patch_status(lab_host, package, facts) == {"patched"} for package in PACKAGES)
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+    assert verified.returncode == 0, verified.output[-4000:]
+
+
+def pip_processes(lab_host: dict) -> list[int]:
+    """The host's pip processes (below its sshd: the deploy's sessions)."""
+    found = []
+    for pid in descendants(lab_host["pid"]):
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"pip" in words and b"install" in words:
+            found.append(pid)
+    return found
+
+
+def triton_left(lab_host: dict) -> list[str]:
+    """What pip left of triton: each dist-info, and whether it has its RECORD."""
+    return sorted(f"{path.name}{'' if (path / 'RECORD').exists() else ' (no RECORD)'}"
+                  for path in site_packages(lab_host).glob("triton-*.dist-info"))
+
+
+@pytest.mark.parametrize("killed", ["host pip", "controller"])
+def test_killed_while_the_wheels_step_replaces_triton_then_a_rerun_repairs(fault_lab: dict, tmp_path: Path,
+                                                                          killed: str) -> None:
+    victim = running_hosts(fault_lab)[0]
+    seed = int(os.environ.get("CDNA2_FAULT_SEED") or time.time())
+    delay = random.Random(seed).uniform(0.3, 4.0)  # pip takes 5-9 s to replace triton on this machine
+    print(f"{killed} killed {delay:.2f} s into pip (seed {seed}; CDNA2_FAULT_SEED={seed} repeats it)")
+    # triton 3.7.0 back, from the lab's mirror (a rollback restores the baseline, which earlier tests may have moved).
+    wheels = Path(fault_lab["lab_dir"]) / "mirror" / "wheels"
+    restored = ssh(fault_lab, victim, f"/opt/venv/bin/python -m pip install -q --no-deps --no-index --find-links "
+                                      f"{wheels} triton==3.7.0")
+    assert restored.returncode == 0, restored.stdout + restored.stderr
+    assert triton_left(victim) == ["triton-3.7.0.dist-info"], "the deploy has triton 3.7.0 to replace"
+
+    run = Controller("-y", "deploy.py", report_dir=tmp_path)
+    run.wait_until(lambda: pip_processes(victim), "pip replacing triton")
+    time.sleep(delay)  # pip removes 3.7.0's files, then writes 3.7.1's, RECORD last
+    running = pip_processes(victim)
+    assert running, f"pip finished within {delay:.2f} s: no fault injected (try another CDNA2_FAULT_SEED)"
+    if killed == "host pip":
+        for pid in running:
+            os.kill(pid, signal.SIGKILL)
+    else:
+        run.process.send_signal(signal.SIGKILL)
+    assert run.finish() != 0
+    for lab_host in running_hosts(fault_lab):
+        wait_sessions_gone(lab_host)
+    print(f"after the kill: {triton_left(victim)}")
+
+    rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert rerun.returncode == 0, rerun.output[-4000:]
+    assert triton_left(victim) == ["triton-3.7.1.dist-info"], "one whole triton 3.7.1"
+    assert rerun.row(victim["name"])["steps"]["smoke"]["status"] == "ok", rerun.row(victim["name"])["steps"]
     verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
     assert verified.returncode == 0, verified.output[-4000:]
 

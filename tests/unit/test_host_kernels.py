@@ -14,7 +14,7 @@ import pytest
 
 from cdna2.archive import tree_archive
 from cdna2.host import kernels
-from cdna2.host.probe import tree_digest
+from cdna2.host.probe import tree_digest, tree_stat_signature
 from cdna2.host.state import read_state
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +56,8 @@ def test_first_install_then_replace_keeps_previous(tmp_path: Path, hsa: Path) ->
     assert code == 0 and result["result"] == "installed"
     assert tree_digest(hsa / "gfx90a") == digest1 and not first.exists(), "archive is removed after install"
     assert read_state(state)["kernels"]["digest"] == digest1
+    assert read_state(state)["kernels"]["stat_signature"] == tree_stat_signature(hsa / "gfx90a")[0], \
+        "the probe takes the digest from the record while this signature holds"
 
     second, sha2, digest2 = archive_of(tmp_path, "v2", {"pa/a.co": b"v2"})
     code, result = run_cli(*install_args(second, sha2, digest2, hsa, state))

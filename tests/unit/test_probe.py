@@ -106,7 +106,7 @@ def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) ->
     site = host_root / "site-packages"
     assert found["distributions"]["amd-aiter"] == {
         "name": "amd-aiter", "version": "0.1.7.post2.dev18", "location": str(site),
-        "metadata_dir": str(site / "amd_aiter-0.1.7.post2.dev18.dist-info")}
+        "metadata_dir": str(site / "amd_aiter-0.1.7.post2.dev18.dist-info"), "complete": True}
     assert found["distributions"]["triton"]["version"] == "3.7.0"
     assert found["distributions"]["torch"] is None and found["distributions"]["vllm"] is None
     aiter = found["aiter"]
@@ -254,3 +254,76 @@ def test_backups_of_patch_transactions_are_reported(host_root: Path) -> None:
     assert found == {"vllm": {"backup_dir": str(backup), "root": "/site", "version": "0.26.0",
                               "jit_invalidations": [], "journal": True,
                               "files": {"vllm/_aiter_ops.py": {"original_sha256": "aa", "patched_sha256": "bb"}}}}
+
+
+# --- what a re-run on an unchanged host does not read or send ----------------------------------------------------
+
+def test_a_distribution_without_its_record_is_reported_cut_short(host_root: Path) -> None:
+    assert run_probe(host_root)["distributions"]["triton"]["complete"] is True
+    (host_root / "site-packages/triton-3.7.0.dist-info/RECORD").unlink()  # a pip killed before it wrote RECORD
+    found = run_probe(host_root)["distributions"]["triton"]
+    assert (found["version"], found["complete"]) == ("3.7.0", False)
+
+
+def test_patch_target_bytes_are_left_out_only_when_the_controller_holds_them(host_root: Path) -> None:
+    patch_files = {"amd-aiter": ["aiter/jit/core.py", "aiter/__init__.py"]}
+    first = run_probe(host_root, patch_files=patch_files)["patch_targets"]["amd-aiter"]["files"]
+    known = [first["aiter/jit/core.py"]["current"]]
+    second = run_probe(host_root, patch_files=patch_files, known_contents=known)["patch_targets"]["amd-aiter"]["files"]
+    assert second["aiter/jit/core.py"] == dict(first["aiter/jit/core.py"], content=None)
+    assert second["aiter/__init__.py"]["content"] is not None, "a file whose hash is not known is sent"
+    (host_root / "site-packages/aiter/jit/core.py").write_bytes(b"GFX = 'edited'\n")
+    edited = run_probe(host_root, patch_files=patch_files, known_contents=known)["patch_targets"]["amd-aiter"]
+    assert file_bytes(edited["files"]["aiter/jit/core.py"]) == b"GFX = 'edited'\n", "new bytes are always sent"
+
+
+def file_bytes(entry: dict) -> bytes:
+    return zlib.decompress(base64.b64decode(entry["content"]))
+
+
+def test_record_facts_are_reused_while_the_record_is_untouched_and_read_again_after(host_root: Path) -> None:
+    patch_files = {"amd-aiter": ["aiter/jit/core.py"]}
+    first = run_probe(host_root, patch_files=patch_files)
+    assert first["record_facts"]["amd-aiter"]["reused"] is False
+    memo = {package: {"stat": found["stat"], "facts": found["facts"]}
+            for package, found in first["record_facts"].items()}
+    # A memo whose facts differ from the RECORD shows that they were taken from the memo, not read again.
+    memo["amd-aiter"]["facts"]["gfx942"] = ["from-the-memo", 7]
+    reused = run_probe(host_root, patch_files=patch_files, record_memo=memo)
+    assert reused["record_facts"]["amd-aiter"]["reused"] is True
+    assert (reused["aiter"]["gfx942_record_digest"], reused["aiter"]["gfx942_record_files"]) == ("from-the-memo", 7)
+    assert reused["patch_targets"] == first["patch_targets"]
+    other_targets = run_probe(host_root, patch_files={"amd-aiter": ["aiter/__init__.py"]}, record_memo=memo)
+    assert other_targets["record_facts"]["amd-aiter"]["reused"] is False, "other target paths: the RECORD is read"
+    drift_check = run_probe(host_root, patch_files=patch_files, record_memo=memo, record_check=["amd-aiter"])
+    assert drift_check["aiter"]["gfx942_record_digest"] == first["aiter"]["gfx942_record_digest"]
+    record = next((host_root / "site-packages").glob("amd_aiter-*.dist-info")) / "RECORD"
+    record.write_text(record.read_text())  # pip rewrote it: same text, new stat
+    rewritten = run_probe(host_root, patch_files=patch_files, record_memo=memo)
+    assert rewritten["record_facts"]["amd-aiter"]["reused"] is False
+    assert rewritten["aiter"]["gfx942_record_digest"] == first["aiter"]["gfx942_record_digest"]
+
+
+def test_kernel_digest_is_taken_from_the_install_record_only_while_the_tree_stat_matches(host_root: Path) -> None:
+    gfx90a = host_root / "site-packages/aiter_meta/hsa/gfx90a"
+    (gfx90a / "pa").mkdir(parents=True)
+    (gfx90a / "pa/pa_a.co").write_bytes(b"translated")
+    real = probe.tree_digest(gfx90a)
+    state_dir = host_root / "state"
+    state_dir.mkdir()
+    # The recorded digest is deliberately not the tree's: a probe that reports it has trusted the stat signature.
+    recorded = {"digest": "recorded", "hsa_root": str(gfx90a.parent),
+                "stat_signature": probe.tree_stat_signature(gfx90a)[0]}
+    (state_dir / "state.json").write_text(json.dumps({"kernels": recorded}))
+    assert run_probe(host_root)["aiter"]["gfx90a_digest"] == "recorded"
+    assert run_probe(host_root, record_check=["amd-aiter"])["aiter"]["gfx90a_digest"] == real, "a drift check reads"
+    (gfx90a / "pa/pa_a.co").write_bytes(b"tampered!!")  # same size
+    assert run_probe(host_root)["aiter"]["gfx90a_digest"] == probe.tree_digest(gfx90a) != real
+
+
+def test_run_program_captures_both_streams_and_kills_on_timeout() -> None:
+    assert probe.run_program(["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], 5) == (3, "out\n", "err\n")
+    with pytest.raises(TimeoutError, match="no exit after 0.3 s, killed"):
+        probe.run_program(["/bin/sh", "-c", "exec >&- 2>&-; sleep 5"], 0.3)
+    with pytest.raises(OSError):
+        probe.run_program(["/nonexistent/rocminfo"], 5)

@@ -14,9 +14,10 @@ import pytest
 from cdna2.archive import tree_archive
 from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, disk_space_problem, kernels_decision,
-                        target_env_error)
-from cdna2.report import FAILED, RunReport, summarise_probe
+                        target_env_error, upload_space_problem)
+from cdna2.report import CHANGED, FAILED, SKIPPED, UNCHANGED, RunReport, summarise_probe
 from cdna2.rollback import plan_rollback
+from lab.kinds import plan_hosts
 
 MI210 = {"arch": "gfx90a", "marketing_name": "AMD Instinct MI210", "compute_units": 104, "chip_id": "0x740f"}
 MI300X = {"arch": "gfx942", "marketing_name": "AMD Instinct MI300X", "compute_units": 304, "chip_id": "0x74a1"}
@@ -76,18 +77,89 @@ def test_report_rows_json_and_markdown(tmp_path: Path) -> None:
     report.step("mi210-a", "kernels", "changed", "112 kernels")
     report.host("mi210-a").changes.append("kernels: hsa/gfx90a holds the translated tree")
     summarise_probe(report.host("mi300x-c"), probe_of([MI300X]))
+    report.host("mi300x-c").left_alone = arch_skip_reason(probe_of([MI300X]))
     report.step("mi300x-c", "kernels", "skipped", "GPU arch gfx942 | MI300X")
     report.host("dead").connected = False
     json_path, markdown_path = report.write(tmp_path)
     written = json.loads(json_path.read_text())
     assert written["failed_hosts"] == ["dead"]
-    assert [(row["host"], row["status"]) for row in written["hosts"]] == [
-        ("dead", FAILED), ("mi210-a", "ok"), ("mi300x-c", "ok")], "rows by host name, not by when a host was seen"
+    assert [(row["host"], row["status"], row["outcome"]) for row in written["hosts"]] == [
+        ("dead", FAILED, FAILED), ("mi210-a", "ok", "provisioned"), ("mi300x-c", "ok", "left alone")], \
+        "rows by host name, not by when a host was seen"
     assert written["hosts"][1]["gpus"] == ["AMD Instinct MI210 (104 CU, 0x740f)"] * 2
+    assert written["summary"]["text"] == "3 hosts: 1 gfx90a provisioned, 1 left alone (gfx942), 1 failed"
     markdown = markdown_path.read_text()
-    assert "| mi210-a | ok | 6.4.3 | gfx90a | 0.1.7.post2.dev18 | - | 3.7.0 | - | changed: 112 kernels |" in markdown
-    assert "GPU arch gfx942 \\| MI300X" in markdown, "a pipe inside a cell must be escaped"
+    assert "| mi210-a | ok | gfx90a | 6.4.3 | B | changed | 1 |" in markdown
+    assert "- B (2 hosts): amd-aiter 0.1.7.post2.dev18, torch -, triton 3.7.0, vllm -" in markdown
+    assert "\n- GPU arch gfx942 | MI300X: mi300x-c (kernels)\n" in markdown, "skip reasons are grouped, by host"
+    assert "| mi300x-c | ok | gfx942 | 6.4.3 | B | skipped | 0 |" in markdown
+    assert "- kernels changed: 112 kernels" in markdown
     assert (tmp_path / "latest.md").read_text() == markdown
+
+
+def _cluster_report(mode: str = "deploy", noop: bool = False) -> RunReport:
+    """A deploy of the 16-host lab as the deploy reports it: 11 gfx90a hosts, 5 gfx942 ones, one gfx90a failing."""
+    report = RunReport(mode=mode, inventory="inventory/sim.py")
+    for planned in plan_hosts(16, "127.0.10"):
+        name, mi210 = planned.name, planned.kind.gpu.arch == "gfx90a"
+        probe = probe_of([MI210, MI210] if mi210 else [MI300X] * 8)
+        probe["rocm"]["version"] = planned.kind.rocm_version
+        vllm = [package.partition("==")[2] for package in planned.kind.extra_packages if package.startswith("vllm")]
+        probe["distributions"]["vllm"] = {"version": vllm[0]} if vllm else None
+        row = report.host(name)
+        summarise_probe(row, probe)
+        row.left_alone = arch_skip_reason(probe)
+        if name == "mi210-g":
+            report.step(name, "preflight", FAILED, "ROCm 6.1.0 is not in the wheel matrix: add it or pin the wheels")
+            continue
+        done = UNCHANGED if noop else CHANGED
+        report.step(name, "wheels", done, "triton==3.7.1")
+        row.package_changes([] if noop else ["triton==3.7.1"])
+        for step in ("kernels", "patches amd-aiter", "patches vllm", "fp8 configs", "smoke"):
+            report.step(name, step, done if mi210 else SKIPPED, "as planned" if mi210 else row.left_alone)
+        if not noop:
+            row.changes += ["agent: host-side modules are current", "wheels: ROCm-matched wheels, triton 3.7.1 last"]
+    return report
+
+
+def test_a_16_host_report_fits_one_screen_and_starts_with_the_cluster_summary() -> None:
+    report = _cluster_report()
+    markdown = report.to_markdown()
+    lines = markdown.splitlines()
+    assert lines[2] == "**16 hosts: 10 gfx90a provisioned, 5 left alone (gfx942), 1 failed**"
+    table = [line for line in lines if line.startswith("|")]
+    assert len(table) == 2 + 16
+    assert max(len(line) for line in table) <= 120, max(table, key=len)
+    assert "| mi210-g | failed | gfx90a | 6.4.3 | C | - | - | - | - | - | - | 0 |" in table
+    assert "| mi300x-c | ok | gfx942 | 7.14.0 | D | changed | skipped | skipped | skipped | skipped | skipped | 2 |" \
+        in table
+    # The left-alone reason once, for all five hosts; the failure under its host.
+    assert markdown.count("AITER has native kernels for it") == 1
+    assert "mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (kernels, patches amd-aiter, patches vllm, fp8 configs, " \
+        "smoke)" in markdown
+    assert "### mi210-g: failed\n\n- preflight failed: ROCm 6.1.0 is not in the wheel matrix" in markdown
+    assert "### mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (5 hosts): left alone\n\n- wheels changed" in markdown
+    summary = report.to_json()["summary"]
+    assert summary == {"hosts": 16, "failed": 1, "text": lines[2].strip("*"), "outcomes": {
+        "provisioned": {"gfx90a": 10}, "left alone": {"gfx942": 5}, "failed": {"gfx90a": 1}}}
+
+
+def test_a_no_op_report_has_detail_only_for_what_failed() -> None:
+    markdown = _cluster_report(noop=True).to_markdown()
+    details = markdown.partition("## Hosts where something happened or failed")[2]
+    assert details.count("### ") == 1 and "### mi210-g: failed" in details, details
+    assert "| mi210-a | ok | gfx90a | 6.4.3 | A | unchanged | unchanged | unchanged | unchanged | unchanged | unchanged " \
+        "| 0 |" in markdown
+
+
+def test_summary_words_follow_the_mode_and_the_dry_run() -> None:
+    verify = _cluster_report(mode="verify", noop=True)
+    for row in verify.rows.values():
+        row.left_alone = None  # verify and rollback check every host; only the deploy leaves hosts alone
+    assert verify.summary()["text"] == "16 hosts: 10 gfx90a, 5 gfx942 as deployed, 1 failed"
+    dry = _cluster_report()
+    dry.executed = False
+    assert dry.summary()["text"].startswith("16 hosts: 10 gfx90a to be provisioned, 5 left alone (gfx942)")
 
 
 def test_tree_archive_is_deterministic(tmp_path: Path) -> None:
@@ -164,3 +236,12 @@ def test_disk_space_problem_names_where_and_both_sizes() -> None:
         disk_space_problem(probe, 20_000, 50_000)
     probe["aiter"]["free_bytes"] = 10**9
     assert disk_space_problem(probe, 20_000, 50_000) is None
+
+
+def test_upload_space_problem_tells_a_full_disk_from_another_failure() -> None:
+    assert upload_space_problem("10 4096 100\n", 918473, "/var/lib/cdna2/staging", "mi210-a") == (
+        "no space left on /var/lib/cdna2/staging on mi210-a: the kernel archive needs 918473 bytes, 40960 bytes and "
+        "100 inodes are free now (the disk filled up during the upload)")
+    assert "0 inodes are free" in upload_space_problem("1000 4096 0", 918473, "/s", "h")
+    assert upload_space_problem("1000 4096 7", 918473, "/s", "h") is None, "room enough: the upload failed otherwise"
+    assert upload_space_problem("", 918473, "/s", "h") is None, "no answer from stat: another failure"

@@ -75,6 +75,20 @@ def test_triton_370_is_replaced_by_371_and_nothing_else(matrix):
     assert "SIGSEGV" in action.description and "found 3.7.0" in action.description
 
 
+def test_a_triton_whose_install_was_cut_short_is_installed_again_over_it(matrix):
+    cut_short = matching_probe()
+    cut_short["distributions"]["triton"].update(complete=False, metadata_dir="/x/triton-3.7.1.dist-info")
+    plan = plan_wheels(matrix, cut_short)
+    assert [action.package for action in plan.actions] == ["triton"], "the same version, yet not installed"
+    action = plan.actions[0]
+    assert list(action.argv) == ISOLATED_PIP + ["--index-url", PYPI, "--no-deps", "--ignore-installed",
+                                                "triton==3.7.1"]
+    assert "/x/triton-3.7.1.dist-info has no RECORD: an install cut short" in action.description
+    complete = matching_probe()
+    complete["distributions"]["triton"]["complete"] = True
+    assert plan_wheels(matrix, complete).actions == ()
+
+
 def test_fresh_host_installs_everything_in_order_with_triton_last(matrix):
     plan = plan_wheels(matrix, probe())
     assert [action.package for action in plan.actions] == ["torch", "amd-aiter", "triton"]

@@ -1,0 +1,94 @@
+"""A host reached as an unprivileged user with passwordless sudo (``./lab/up --login sudo``), as the README offers
+real clusters: deploy, --dry, verify and rollback all run through sudo, and what they leave is root's. A login user
+without sudo rights fails that host in preflight, by name, before anything on it changes.
+
+The lab is one MI210 host of its own (a scratch subnet, under the cache's scratch-labs/), and ``./lab/down``
+removes its login users again.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+import uuid
+from pathlib import Path
+
+import pytest
+
+from lab import wheelhouse
+from lab.labctl import SUDOERS_DIR
+from tests.lab.conftest import _scratch_subnets, run_lab_command
+from tests.lab.deploy_runner import host_snapshot, run_pyinfra
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+
+@pytest.fixture()
+def sudo_lab(monkeypatch: pytest.MonkeyPatch):
+    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"sudo-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("CDNA2_LAB_DIR", str(lab_dir))
+    run_lab_command("up", "1", "--login", "sudo", "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
+    lab = json.loads((lab_dir / "lab.json").read_text())
+    yield lab
+    if (lab_dir / "lab.json").exists():
+        run_lab_command("down", lab_dir=lab_dir, check=False)
+
+
+def owners_and_modes(root: Path) -> set[tuple[int, int]]:
+    """(uid, gid) of everything under ``root``, itself included."""
+    return {(path.stat().st_uid, path.stat().st_gid) for path in (root, *root.rglob("*"))}
+
+
+def test_deploy_verify_rollback_through_sudo_and_a_login_without_sudo_is_refused(sudo_lab: dict,
+                                                                                    tmp_path: Path) -> None:
+    users = sudo_lab["ssh"]["users"]
+    (lab_host,) = sudo_lab["hosts"]
+    name = lab_host["name"]
+    assert sudo_lab["ssh"]["user"] == users["sudo"] and pwd.getpwnam(users["sudo"]).pw_uid != 0
+    state = Path(lab_host["binds"]["/var/lib/cdna2"])
+    before = host_snapshot(lab_host)
+
+    refused = run_pyinfra("-y", "deploy.py", "--data", f"ssh_user={users['unprivileged']}", report_dir=tmp_path)
+    assert refused.returncode != 0
+    preflight = refused.row(name)["steps"]["preflight"]
+    assert preflight["status"] == "failed", refused.row(name)
+    assert preflight["detail"] == (f"user {users['unprivileged']} may not run commands as root through sudo without a "
+                                   f"password (sudo: a password is required): give {users['unprivileged']} "
+                                   f"passwordless sudo (NOPASSWD) or log in as root")
+    assert f"{name}: user {users['unprivileged']} may not run" in refused.output
+    assert "sudo password:" not in refused.output, "pyinfra must not prompt for a password"
+    assert host_snapshot(lab_host) == before, "the refused host changed"
+
+    dry = run_pyinfra("deploy.py", "--dry", report_dir=tmp_path)
+    assert dry.returncode == 0, dry.output[-4000:]
+    assert dry.report["executed"] is False and dry.row(name)["steps"]["kernels"]["status"] == "planned"
+    assert host_snapshot(lab_host) == before, "--dry changed the host"
+
+    deployed = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert deployed.returncode == 0, deployed.output[-4000:]
+    row = deployed.row(name)
+    assert row["outcome"] == "provisioned" and row["steps"]["smoke"]["status"] == "ok", row
+    assert deployed.report["summary"]["text"] == "1 host: 1 gfx90a provisioned, 0 failed"
+    assert state.stat().st_mode & 0o777 == 0o700, oct(state.stat().st_mode)
+    assert owners_and_modes(state) == {(0, 0)}, "everything in the state directory is root's"
+    assert {"agent", "lease.json", "state.json", "backups"} <= {path.name for path in state.iterdir()}
+    assert host_snapshot(lab_host)["hsa"] != before["hsa"], "the kernels were installed"
+
+    again = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
+    assert again.returncode == 0 and again.row(name)["changes"] == [], again.row(name)
+
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+    assert verified.returncode == 0 and verified.row(name)["steps"]["verify"] == {
+        "status": "ok", "detail": "as deployed"}, verified.output[-3000:]
+
+    rolled_back = run_pyinfra("-y", "rollback.py", report_dir=tmp_path)
+    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
+    assert rolled_back.row(name)["steps"]["record"]["status"] == "ok", rolled_back.row(name)
+    after = host_snapshot(lab_host)
+    assert (after["hsa"], after["aiter"]) == (before["hsa"], before["aiter"]), "rollback left AITER stock"
+
+    run_lab_command("down", lab_dir=Path(sudo_lab["lab_dir"]))
+    for user in users.values():
+        with pytest.raises(KeyError):
+            pwd.getpwnam(user)
+    assert not (SUDOERS_DIR / users["sudo"]).exists()
