@@ -89,8 +89,9 @@ def _bind_unavailable(node: ast.Import | ast.ImportFrom, namespace: dict, error:
 
 
 def _without_bases(node: ast.ClassDef) -> ast.ClassDef:
-    return ast.ClassDef(name=node.name, bases=[], keywords=[], body=node.body, decorator_list=[],
-                        type_params=getattr(node, "type_params", []))
+    rebuilt = ast.ClassDef(name=node.name, bases=[], keywords=[], body=node.body, decorator_list=[],
+                           type_params=getattr(node, "type_params", []))
+    return ast.fix_missing_locations(ast.copy_location(rebuilt, node))
 
 
 class StatementLoader(importlib.abc.Loader):
