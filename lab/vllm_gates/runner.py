@@ -6,7 +6,7 @@ SPEC: {"stock": DIR, "patched": DIR or null, "arches": ["gfx90a", "gfx942"], "en
 (and the dist-info), which shadow the stock files of the same path.
 
 vLLM is imported from those trees, file by file as it is installed. What cannot exist here is doubled, by name:
-amdsmi (the device query, doubles/amdsmi) and amd-aiter (doubles/aiter); vLLM's compiled extensions fail to load
+amdsmi (the device query, doubles/amdsmi) and amd-aiter (AiterDouble); vLLM's compiled extensions fail to load
 as they would on any machine without a GPU, and vLLM carries on as it does there. vLLM's wheels are unpacked without
 their dependencies, so a vLLM module is loaded statement by statement: a top-level import that fails binds the
 names it would have bound to ``Unavailable`` markers, which raise on any use (a gate that needs one reports an
@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import traceback
+import types
 from pathlib import Path
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
@@ -35,7 +36,9 @@ GATE_MODULES = {
     "aiter_fa": "vllm.v1.attention.backends.rocm_aiter_fa",
     "torch_scaled_mm": "vllm.model_executor.kernels.linear.scaled_mm.pytorch",
     "aiter_scaled_mm": "vllm.model_executor.kernels.linear.scaled_mm.aiter",
+    "fp8_utils": "vllm.model_executor.layers.quantization.utils.fp8_utils",
 }
+FAST_FP8_ELIGIBLE = "_gfx90a_fast_fp8_eligible"  # added by the vllm-fast-fp8-dequant set
 
 
 class Unavailable:
@@ -125,6 +128,31 @@ class StatementLoader(importlib.abc.Loader):
                     f"{type(error).__name__}: {error}"
 
 
+class AiterDouble(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Test double of an installed amd-aiter: ``find_spec("aiter")`` finds it and ``import aiter.x.y`` works, but its
+    compiled extensions cannot load without a GPU, so every name taken from it is an Unavailable marker."""
+
+    def find_spec(self, name: str, path, target=None):
+        if name != "aiter" and not name.startswith("aiter."):
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=True)
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name, "Test double of amd-aiter (no GPU here).")
+        module.__path__ = []
+
+        def unavailable(attribute: str):
+            if attribute.startswith("__"):
+                raise AttributeError(attribute)
+            return Unavailable(f"{spec.name}.{attribute}", "AITER's compiled extensions cannot load without a GPU")
+
+        module.__getattr__ = unavailable
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
 class TreeFinder(importlib.abc.MetaPathFinder):
     """Finds vllm.* in the patched files first, then in the stock tree; loads them with StatementLoader."""
 
@@ -194,6 +222,32 @@ def _no_argument_classmethods(cls) -> list[str]:
     return sorted(names)
 
 
+def rocm_candidates(roots: list[Path]) -> set[str]:
+    """The linear kernels vLLM may choose on ROCm: the names in its ``PlatformEnum.ROCM: [...]`` lists."""
+    for root in roots:
+        path = root / "vllm/model_executor/kernels/linear/__init__.py"
+        if path.is_file():
+            names = set()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Dict):
+                    for key, value in zip(node.keys, node.values):
+                        if isinstance(key, ast.Attribute) and key.attr == "ROCM" and isinstance(value, ast.List):
+                            names.update(element.id for element in value.elts if isinstance(element, ast.Name))
+            return names
+    return set()
+
+
+def _is_supported_of(cls: type):
+    return next(vars(base)["is_supported"] for base in cls.__mro__ if "is_supported" in vars(base))
+
+
+def _on_rocm(cls: type, classes: list[type], candidates: set[str]) -> bool:
+    """Whether ROCm can reach this ``is_supported``: the class, or a subclass using the same one, is a candidate."""
+    function = _is_supported_of(cls)
+    return any(other.__name__ in candidates and issubclass(other, cls) and _is_supported_of(other) is function
+               for other in classes)
+
+
 def _own_classes_with_is_supported(module) -> list[type]:
     return [obj for _, obj in sorted(vars(module).items())
             if isinstance(obj, type) and obj.__module__ == module.__name__ and "is_supported" in dir(obj)]
@@ -205,8 +259,11 @@ def _backend_priorities(rocm):
     return function(**{name: defaults[name] for name in inspect.signature(function).parameters if name in defaults})
 
 
-def evaluate_gates(registered_ops: list[str]) -> dict:
-    """Every gate of the patch sets' files, on the platform vLLM detected, with the env set by the caller."""
+def evaluate_gates(registered_ops: list[str], candidates: set[str]) -> dict:
+    """Every gate of the patch sets' files, on the platform vLLM detected, with the env set by the caller.
+
+    A linear kernel's ``is_supported()`` carries ``on_rocm``: whether vLLM's ROCm kernel lists can reach it.
+    """
     gates: dict[str, dict] = {}
     platform = importlib.import_module("vllm.platforms").current_platform
     capability = platform.get_device_capability()
@@ -233,8 +290,18 @@ def evaluate_gates(registered_ops: list[str]) -> dict:
         module = _module(key, gates)
         if module is None:
             continue
-        for cls in _own_classes_with_is_supported(module):
-            _evaluate(gates, f"{cls.__name__}.is_supported()", lambda cls=cls: cls.is_supported(capability.to_int()))
+        classes = _own_classes_with_is_supported(module)
+        for cls in classes:
+            gate = f"{cls.__name__}.is_supported()"
+            _evaluate(gates, gate, lambda cls=cls: cls.is_supported(capability.to_int()))
+            gates[gate]["on_rocm"] = _on_rocm(cls, classes, candidates)
+    fp8_utils = _module("fp8_utils", gates)
+    if fp8_utils is not None and hasattr(fp8_utils, FAST_FP8_ELIGIBLE):
+        import torch
+
+        operand, scales = torch.zeros(128, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, dtype=torch.float32)
+        _evaluate(gates, f"{FAST_FP8_ELIGIBLE}() (e4m3fn, fp32 scales, 128x128 blocks)",
+                  lambda: getattr(fp8_utils, FAST_FP8_ELIGIBLE)(operand, operand, scales, scales, [128, 128]))
     return gates
 
 
@@ -260,14 +327,14 @@ def run_configuration(roots: list[Path], arch: str, environment: dict[str, str])
     """In a fresh process: vLLM from ``roots`` on a pretend ``arch``, and what its gates answer there."""
     os.environ.update(environment)
     os.environ["CDNA2_GATES_ARCH"] = arch
-    sys.meta_path.insert(0, TreeFinder(roots))
+    sys.meta_path[:0] = [TreeFinder(roots), AiterDouble()]
     registered: list[str] = []
     _record_op_registrations(registered)
     platform = importlib.import_module("vllm.platforms").current_platform
     rocm = importlib.import_module("vllm.platforms.rocm")
     detected = {"platform": type(platform).__name__, "gcn_arch": rocm._GCN_ARCH,
                 "capability": platform.get_device_capability().to_int()}
-    gates = evaluate_gates(registered)
+    gates = evaluate_gates(registered, rocm_candidates(roots))
     outside = sorted(name for name in sys.modules if name.split(".")[0] not in ("vllm", "amdsmi", "aiter"))
     return {"arch": arch, "detected": detected, "gates": gates, "substitutions": SUBSTITUTIONS.to_json(),
             "modules_outside_vllm": outside}
