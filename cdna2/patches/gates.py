@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdna2.cache import cache_root
 from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.planner import PackagePlan, plan_package
 
@@ -252,7 +253,7 @@ def evaluate_release(version: str, catalog: Catalog, work_dir: Path, progress: P
     progress(f"vLLM {version}: {'patched with ' + ', '.join(release.applied_sets) if patched else 'not patched'}; "
              f"evaluating the gates")
     spec = {"stock": str(tree), "patched": str(copy) if patched else None, "arches": list(ARCHES),
-            "environment": ENVIRONMENT}
+            "environment": ENVIRONMENT, "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}
     release.answers = run_runner(torchvenv.torch_cpu_python(), spec)
     release.failures = judge(release)
     return release

@@ -1,7 +1,8 @@
 """Evaluate vLLM's arch gates, as vLLM's own code decides them, for one release on a pretend gfx90a and gfx942.
 
 Usage, inside the torch-CPU venv (lab/torchvenv.py):  python runner.py < SPEC.json > RESULT.json
-SPEC: {"stock": DIR, "patched": DIR or null, "arches": ["gfx90a", "gfx942"], "environment": {NAME: VALUE}}.
+SPEC: {"stock": DIR, "patched": DIR or null, "arches": ["gfx90a", "gfx942"], "environment": {NAME: VALUE},
+"bytecode_cache": DIR or null}.
 ``stock`` is an unpacked vLLM tree (site-packages layout); ``patched`` holds only the files the patch engine wrote
 (and the dist-info), which shadow the stock files of the same path.
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import __future__
 import ast
+import hashlib
 import importlib.abc
 import importlib.util
 import inspect
 import json
+import marshal
 import os
 import sys
 import traceback
@@ -97,6 +100,40 @@ def _without_bases(node: ast.ClassDef) -> ast.ClassDef:
     return ast.fix_missing_locations(ast.copy_location(rebuilt, node))
 
 
+IMPORT, CLASS, OTHER = "import", "class", "other"
+BYTECODE_CACHE: Path | None = None  # set from the spec: compiled statements, keyed by the source bytes
+
+
+def _compile_statements(path: str, source: bytes) -> list[tuple[str, int, object]]:
+    tree = ast.parse(source, path)
+    flags = _future_flags(tree)
+    statements = []
+    for node in tree.body:
+        kind = IMPORT if isinstance(node, (ast.Import, ast.ImportFrom)) else CLASS if isinstance(node, ast.ClassDef) \
+            else OTHER
+        code = compile(ast.Module([node], []), path, "exec", flags=flags, dont_inherit=True)
+        statements.append((kind, node.lineno, code))
+    return statements
+
+
+def compiled_statements(path: str) -> list[tuple[str, int, object]]:
+    """(kind, line, code) per top-level statement; compiling vLLM statement by statement costs seconds per process,
+    so the code objects are kept in BYTECODE_CACHE (marshal, like a .pyc) under the hash of the source."""
+    source = Path(path).read_bytes()
+    if BYTECODE_CACHE is None:
+        return _compile_statements(path, source)
+    key = hashlib.sha256(b"\0".join((sys.version.encode(), path.encode(), source))).hexdigest()
+    cached = BYTECODE_CACHE / f"{key}.marshal"
+    if cached.is_file():
+        return marshal.loads(cached.read_bytes())
+    statements = _compile_statements(path, source)
+    BYTECODE_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = cached.with_name(f"{cached.name}.{os.getpid()}")
+    staging.write_bytes(marshal.dumps(statements))
+    staging.replace(cached)
+    return statements
+
+
 class StatementLoader(importlib.abc.Loader):
     """Executes a vLLM source file one top-level statement at a time (see the module docstring)."""
 
@@ -107,25 +144,32 @@ class StatementLoader(importlib.abc.Loader):
         return None
 
     def exec_module(self, module) -> None:
-        tree = ast.parse(Path(self.path).read_text(encoding="utf-8"), self.path)
-        flags = _future_flags(tree)
-        for node in tree.body:
+        for index, (kind, line, code) in enumerate(compiled_statements(self.path)):
             try:
-                exec(compile(ast.Module([node], []), self.path, "exec", flags=flags, dont_inherit=True),
-                     module.__dict__)
+                exec(code, module.__dict__)
             except ImportError as error:
-                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                if kind != IMPORT:
                     raise
-                _bind_unavailable(node, module.__dict__, error)
+                _bind_unavailable(self._node(index), module.__dict__, error)
             except Exception as error:
-                if not isinstance(node, ast.ClassDef):
-                    raise ImportError(f"{self.path}:{node.lineno}: {type(error).__name__}: {error}") from error
-                # Annotations stay unevaluated in the rebuilt class: they may name unavailable types.
-                rebuilt = ast.Module([_without_bases(node)], [])
-                exec(compile(rebuilt, self.path, "exec", flags=flags | __future__.annotations.compiler_flag,
-                             dont_inherit=True), module.__dict__)
-                SUBSTITUTIONS.rebuilt_classes.setdefault(module.__name__, {})[node.name] = \
-                    f"{type(error).__name__}: {error}"
+                if kind != CLASS:
+                    raise ImportError(f"{self.path}:{line}: {type(error).__name__}: {error}") from error
+                self._rebuild_without_bases(index, module, error)
+
+    def _tree(self) -> ast.Module:
+        return ast.parse(Path(self.path).read_bytes(), self.path)
+
+    def _node(self, index: int) -> ast.stmt:
+        return self._tree().body[index]
+
+    def _rebuild_without_bases(self, index: int, module, error: Exception) -> None:
+        tree = self._tree()
+        node = tree.body[index]
+        # Annotations stay unevaluated in the rebuilt class: they may name unavailable types.
+        rebuilt = ast.Module([_without_bases(node)], [])
+        exec(compile(rebuilt, self.path, "exec", flags=_future_flags(tree) | __future__.annotations.compiler_flag,
+                     dont_inherit=True), module.__dict__)
+        SUBSTITUTIONS.rebuilt_classes.setdefault(module.__name__, {})[node.name] = f"{type(error).__name__}: {error}"
 
 
 class AiterDouble(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -379,7 +423,10 @@ def _preload(names: list[str]) -> None:
 
 
 def main() -> int:
+    global BYTECODE_CACHE
     spec = json.load(sys.stdin)
+    if spec.get("bytecode_cache"):
+        BYTECODE_CACHE = Path(spec["bytecode_cache"])
     # vLLM logs to stdout; the result gets the real stdout, everything else goes to stderr.
     result_stream = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
