@@ -17,7 +17,7 @@ from pyinfra.operations import python
 from cdna2.agent import agent_dir
 from cdna2.patches import plan_package
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
-                        installed_versions, kernels_decision, target_env_error)
+                        installed_versions, kernels_decision, target_env_error, with_data_arch)
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
@@ -43,6 +43,8 @@ report.step(host.name, "validate", "ok")
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()})
+# An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
+probe, no_gpu_reason = with_data_arch(probe, data.gpu_arch)
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 # Plan wheels and kernels now: a host they cannot serve (a ROCm the matrix lacks, no room for the kernel tree) is
@@ -53,7 +55,8 @@ actions = getattr(wheel_plan, "actions", ())
 reinstalled = sorted({action.package for action in actions} & set(catalog.packages()))
 requirements = [action.requirement for action in actions]
 kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
-tree = translated_tree_for(host, probe) if kernels == PROCEED and "amd-aiter" not in reinstalled else None
+tree = (translated_tree_for(host, probe, data.kernel_hazard_policy)
+        if kernels == PROCEED and "amd-aiter" not in reinstalled else None)
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
@@ -64,7 +67,9 @@ if problem:
     python.raise_exception(name="preflight: the host can be provisioned", exception=OperationError,
                            message=f"{host.name}: {problem}; nothing on it was changed")
 else:
-    report.step(host.name, "probe", "ok", f"{probe['gpu']['arch'] or 'no GPU agent'}, ROCm {probe['rocm']['version']}")
+    arch = probe["gpu"]["arch"] or "no GPU agent"
+    report.step(host.name, "probe", "ok", f"{arch} ({no_gpu_reason}), ROCm {probe['rocm']['version']}" if no_gpu_reason
+                else f"{arch}, ROCm {probe['rocm']['version']}")
 
     # From here on, an operation is issued only where the probe shows work for it: a host that already holds
     # what this run would give it gets no operation at all (pyinfra's per-operation cost is paid per host).
@@ -97,7 +102,14 @@ else:
     # 5. Kernels: translated on the controller once per distinct gfx942 tree, swapped in atomically on the host.
     if tree is not None:
         report.step(host.name, "kernels", PLANNED if needs_upload else UNCHANGED,
-                    f"{tree.kernels} kernels, tree {tree.digest[:12]}")
+                    f"{tree.kernels} kernels, tree {tree.digest[:12]}; {tree.hazard_summary()}")
+        report.host(host.name).details["kernels"] = {"kernels": tree.kernels, "hazard_policy": tree.hazard_policy,
+                                                     "hazard_audit_version": tree.hazard_audit_version,
+                                                     "hazard_verdicts": tree.hazard_verdicts, "withheld": tree.withheld}
+        if tree.hazard_policy == "permissive":
+            report.host(host.name).notes.append(
+                f"kernel_hazard_policy permissive: {tree.hazard_verdicts['short-straight-line']} kernels short of "
+                "gfx90a's MFMA wait states in straight-line code are installed")
         if needs_upload:
             translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
                                hsa_root=probe["aiter"]["hsa_root"], installed_digest=probe["aiter"]["gfx90a_digest"],
@@ -126,26 +138,32 @@ else:
         report.host(host.name).details[step] = plan.to_json()
         patch_sets[package] = plan.sets
         status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
-        report.step(host.name, step, status, ", ".join(plan.sets) or "; ".join(plan.reasons))
+        report.step(host.name, step, status, ", ".join(f"{name} (variant {plan.variants[name]})" for name in plan.sets)
+                    or "; ".join(plan.reasons))
+        report.host(host.name).notes.extend(f"{step}: {note}" for note in
+                                            plan.notes + list(plan.declined.values()) + [f"audit: {finding}" for
+                                                                                         finding in plan.audit])
         if status != UNCHANGED:  # to apply, or refused: the operation fails the host with the reasons
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=data.state_dir)
 
-    # 7. Prove it on gfx90a hosts, once per state they are left in. Without a gfx90a device the GPU checks say
-    #    "skipped", never "passed".
-    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets)
+    # 7. Prove it on gfx90a hosts, once per state they are left in. The smoke test is told the arch the probe saw:
+    #    on a gfx90a host a GPU that cannot be used fails it (and no pass is recorded); never "passed" without one.
+    deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
+                               tree and {"policy": tree.hazard_policy, "audit_version": tree.hazard_audit_version})
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
     elif skip_patches or reinstalled:
         report.step(host.name, "smoke", SKIPPED, skip_patches or stale)
-    elif not state.ops[host] and (proof := recorded_proof(deployed, probe["state"])):
+    elif not state.ops[host] and (proof := recorded_proof(deployed, data.smoke_gpu_checks, probe["state"])):
         # No operation changes the host this run: the pass recorded for this very state still proves it.
         report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
     else:
         smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report, deployed=deployed,
                      current_state=probe["state"],
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
-                     target_python=data.target_python, state_dir=data.state_dir)
+                     target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"],
+                     gpu_checks=data.smoke_gpu_checks, no_gpu_reason=no_gpu_reason)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
     if not reinstalled and record_needed("deployed", deployed, probe["state"]):

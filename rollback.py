@@ -12,7 +12,7 @@ never provisioned, or only half, gets only what it needs; a second rollback chan
 from pyinfra import host, inventory, state
 
 from cdna2.agent import agent_dir
-from cdna2.plan import target_env_error
+from cdna2.plan import target_env_error, with_data_arch
 from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
 from cdna2.rollback import plan_rollback
 from cdna2.translated import load_adaptations
@@ -33,6 +33,7 @@ validate_inventory(inventory)
 # 2. Probe: what this host holds of the deploy's work.
 probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=data.rocm_root,
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
+probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 kernel_jit = sorted({pattern for adaptation in load_adaptations() for pattern in adaptation["invalidates"]})

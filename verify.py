@@ -4,14 +4,17 @@
 
 Per host, a fresh probe (with every AITER and vLLM file compared to its RECORD) is compared with the `deployed`
 record the deploy wrote there: AITER, vLLM, torch or triton upgraded or replaced underneath us, a patch lost or a
-patched file edited, kernels missing or altered. Nothing on any host changes; run the deploy to repair.
+patched file edited, kernels missing or altered, or made under another kernel_hazard_policy or MFMA wait-state
+audit version than the host's data and this tool give now. Nothing on any host changes; run the deploy to repair.
 """
 
 from pyinfra import host, inventory, state
 
 from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
+from cdna2.kernels.hazards import AUDIT_VERSION
 from cdna2.patches import plan_package
+from cdna2.plan import with_data_arch
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import HostProbe
 from operations.patches import probe_files
@@ -29,6 +32,7 @@ probe = host.get_fact(HostProbe, target_python=data.target_python, rocm_root=dat
                       state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
                       patch_files={package: catalog.target_files(package) for package in catalog.packages()},
                       record_check=catalog.packages())
+probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})
@@ -40,6 +44,6 @@ for package in deployed_sets:
         plans[package] = plan_package(catalog, package, found["version"], files, record,
                                       [name for name in deployed_sets[package] if name in catalog.optional_sets()])
 
-drift = find_drift(probe, plans)
+drift = find_drift(probe, plans, {"policy": data.kernel_hazard_policy, "audit_version": AUDIT_VERSION})
 report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
 drift_free(name="verify: the host is as deployed", drift=drift)

@@ -14,8 +14,10 @@ from typing import Any, Mapping
 from cdna2.plan import installed_versions
 
 
-def find_drift(probe: dict[str, Any], plans: Mapping[str, Any]) -> list[str]:
-    """Every drift of a probed host; ``plans`` maps each patched package to its fresh ``PackagePlan``."""
+def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
+               kernel_hazards: Mapping[str, str] | None = None) -> list[str]:
+    """Every drift of a probed host; ``plans`` maps each patched package to its fresh ``PackagePlan``;
+    ``kernel_hazards`` the kernel hazard policy and audit version a deploy would translate under now."""
     deployed = (probe["state"] or {}).get("deployed")
     if deployed is None:
         return ["not provisioned: no deployed state is recorded on this host (run the deploy)"]
@@ -31,6 +33,12 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any]) -> list[str]:
         drift.append("kernels missing: hsa/gfx90a is gone")
     elif expected_kernels and found_kernels != expected_kernels:
         drift.append(f"kernels altered: hsa/gfx90a digest {found_kernels[:12]}, deployed {expected_kernels[:12]}")
+    recorded_hazards = deployed.get("kernel_hazards")
+    if expected_kernels and kernel_hazards is not None and recorded_hazards != dict(kernel_hazards):
+        made = (f"kernel_hazard_policy {recorded_hazards['policy']}, audit {recorded_hazards['audit_version']}"
+                if recorded_hazards else "a deploy without the MFMA wait-state audit")
+        drift.append(f"kernels made under {made}; now kernel_hazard_policy {kernel_hazards['policy']}, audit "
+                     f"{kernel_hazards['audit_version']}: run the deploy to install the tree these give")
     patched_files = set()
     for package, sets in sorted(deployed["patch_sets"].items()):
         plan = plans.get(package)

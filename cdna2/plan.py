@@ -7,6 +7,22 @@ from typing import Any
 TARGET_ARCH = "gfx90a"
 
 
+NO_GPU_AT_BUILD = "no GPU at build time"
+
+
+def with_data_arch(probe: dict[str, Any], gpu_arch: str | None) -> tuple[dict[str, Any], str | None]:
+    """The probe with its GPU arch taken from host data when it found no GPU, and why GPU checks cannot run.
+
+    An image is built where no GPU exists, so the arch it is built for can only come from data (``gpu_arch``).
+    A device the probe does find always wins: the data's arch is then ignored and the GPU checks run as usual.
+    """
+    gpu = probe["gpu"]
+    if gpu_arch is None or gpu["agents"]:
+        return probe, None
+    reason = f"{NO_GPU_AT_BUILD} (arch {gpu_arch} from the host data key gpu_arch)"
+    return {**probe, "gpu": {**gpu, "arch": gpu_arch, "arches": [gpu_arch], "source": "host data gpu_arch"}}, reason
+
+
 def arch_skip_reason(probe: dict[str, Any]) -> str | None:
     """Why translation and patching leave this host alone, or None when it is a gfx90a host."""
     gpu = probe["gpu"]
@@ -58,14 +74,20 @@ def installed_versions(probe: dict[str, Any]) -> dict[str, str | None]:
 
 
 def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_digest: str | None,
-                    patch_sets: dict[str, list[str]]) -> dict[str, Any]:
-    """What a host holds once this run's plan is carried out: verify compares later probes with it."""
+                    patch_sets: dict[str, list[str]], kernel_hazards: dict[str, str] | None = None) -> dict[str, Any]:
+    """What a host holds once this run's plan is carried out: verify compares later probes with it.
+
+    ``kernel_hazards``: the kernel hazard policy and audit version the installed kernel tree was made under.
+    """
     versions = installed_versions(probe)
     for requirement in requirements:
         name, _, version = requirement.partition("==")
         if name in versions and version:
             versions[name] = version
-    return {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+    record = {"packages": versions, "kernels": kernels_digest, "patch_sets": patch_sets}
+    if kernel_hazards is not None:
+        record["kernel_hazards"] = kernel_hazards
+    return record
 
 
 def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: int) -> str | None:

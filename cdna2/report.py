@@ -150,7 +150,7 @@ class RunReport:
 
 # Report columns follow the deploy's order of steps.
 STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "smoke", "verify",
-              "rollback"]
+              "rollback", "image"]
 
 
 def _escape(cell: str) -> str:

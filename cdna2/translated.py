@@ -1,8 +1,8 @@
 """Translated kernel trees on the controller: one per distinct gfx942 source tree in the cluster.
 
 The cache (``<cache>/kernels``) holds, per source digest (the probe's RECORD digest of ``hsa/gfx942``):
-``sources/<digest>/gfx942`` the source tree, fetched once from a host that has it, and ``translated/<digest>/``
-the gfx90a tree with its translation report; plus ``archives/<output digest>.tar.gz``, the deterministic archive
+``sources/<digest>/gfx942`` the source tree, fetched once from a host that has it, and
+``translated/<digest>/<kernel hazard policy>/`` the gfx90a tree with its translation report; plus ``archives/<output digest>.tar.gz``, the deterministic archive
 that hosts receive. Translation runs as ``python -m cdna2 translate`` in a child process, whose own cache makes a
 repeated translation of the same inputs cost no LLVM work.
 """
@@ -26,6 +26,7 @@ from cdna2.archive import tree_archive
 from cdna2.host.kernels import safe_extract
 from cdna2.host.probe import file_sha256, tree_digest
 from cdna2.kernels import cache_key, find_llvm
+from cdna2.kernels.hazards import AUDIT_VERSION, VERDICTS
 from cdna2.host.state import write_file_atomically
 from cdna2.schema import first_violation
 
@@ -46,6 +47,16 @@ class TranslatedTree:
     tree_bytes: int  # size of the unpacked tree: the room it needs beside hsa/ on the host
     adaptations: tuple[str, ...]  # ids of the gfx90a-tree adaptations applied
     invalidates: tuple[str, ...]  # JIT outputs built from the tree's non-kernel files, to remove when it changes
+    hazard_policy: str  # kernel_hazard_policy the tree was made under
+    hazard_audit_version: str
+    hazard_verdicts: dict[str, int]  # MFMA wait-state verdict -> portable kernels with it
+    withheld: int  # portable kernels the policy did not install
+
+    def hazard_summary(self) -> str:
+        """The verdicts and what the policy did, for the deploy report."""
+        counts = ", ".join(f"{self.hazard_verdicts.get(verdict, 0)} {verdict}" for verdict in VERDICTS)
+        return (f"kernel_hazard_policy {self.hazard_policy} (MFMA wait-state audit {self.hazard_audit_version}): "
+                f"{counts}; {self.withheld} withheld")
 
 
 @cache
@@ -108,24 +119,25 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
     return source
 
 
-def _memo_key(source_digest: str) -> str:
+def _memo_key(source_digest: str, hazard_policy: str) -> str:
     """What the translated tree depends on: what the engine's translation does, and the adaptations."""
     adaptations = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE).read_bytes()
-    parts = (cache_key(source_digest, find_llvm()), hashlib.sha256(adaptations).hexdigest())
+    parts = (cache_key(source_digest, find_llvm(), hazard_policy), hashlib.sha256(adaptations).hexdigest())
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def ensure_translation(cache: Path, source_digest: str, source: Path,
+def ensure_translation(cache: Path, source_digest: str, source: Path, hazard_policy: str,
                        progress: Callable[[str], None] = lambda line: None) -> TranslatedTree:
-    """Translate ``source`` (cached by the engine) and archive the result once per output digest.
+    """Translate ``source`` (cached by the engine) under ``hazard_policy`` and archive the result once per output
+    digest.
 
-    The result is remembered per source digest with everything it depends on, so a run that finds it needs no
-    translator process at all.
+    The result is remembered per source digest and policy with everything it depends on, so a run that finds it
+    needs no translator process at all.
     """
-    out_dir = cache / "translated" / source_digest
+    out_dir = cache / "translated" / source_digest / hazard_policy
     out_dir.mkdir(parents=True, exist_ok=True)
     memo_path, report_path = out_dir / "tree.json", out_dir / "report.json"  # report.json: the engine's report
-    key = _memo_key(source_digest)
+    key = _memo_key(source_digest, hazard_policy)
     memo = json.loads(memo_path.read_text()) if memo_path.exists() else None
     if memo and memo["key"] == key and Path(memo["archive"]).is_file():
         progress(f"translated gfx942 tree {source_digest[:12]} taken from the controller cache")
@@ -133,12 +145,17 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
         return TranslatedTree(**dict(fields, archive=Path(fields["archive"]), adaptations=tuple(fields["adaptations"]),
                                      invalidates=tuple(fields["invalidates"])))
     command = [sys.executable, "-m", "cdna2", "translate", str(source), str(out_dir / "gfx90a"),
-               "--report", str(report_path), "--cache", str(cache / "engine")]
+               "--report", str(report_path), "--cache", str(cache / "engine"), "--hazard-policy", hazard_policy]
     progress(f"translating gfx942 tree {source_digest[:12]} ({' '.join(command[1:4])} ...)")
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]} failed "
                                 f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}")
+    hazards = json.loads(report_path.read_text())["hazards"]
+    if hazards["audit_version"] != AUDIT_VERSION or hazards["policy"] != hazard_policy:
+        raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]}: the report says audit "
+                                f"{hazards['audit_version']} under policy {hazards['policy']}, expected "
+                                f"{AUDIT_VERSION} under {hazard_policy}; this is a translator bug")
     applied = adapt_tree(out_dir / "gfx90a", load_adaptations())
     digest = tree_digest(out_dir / "gfx90a")
     archive = cache / "archives" / f"gfx90a-{digest[:32]}.tar.gz"
@@ -151,6 +168,8 @@ def ensure_translation(cache: Path, source_digest: str, source: Path,
         tree_bytes=sum(path.stat().st_size for path in (out_dir / "gfx90a").rglob("*") if path.is_file()),
         adaptations=tuple(a["id"] for a in applied),
         invalidates=tuple(sorted({pattern for a in applied for pattern in a["invalidates"]})),
+        hazard_policy=hazard_policy, hazard_audit_version=hazards["audit_version"],
+        hazard_verdicts=hazards["verdicts"], withheld=len(hazards["withheld"]),
     )
     memo = dict(asdict(tree), key=key, archive=str(archive))
     write_file_atomically(memo_path, json.dumps(memo, indent=1, sort_keys=True).encode("utf-8"))

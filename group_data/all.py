@@ -17,6 +17,11 @@ state_dir = "/var/lib/cdna2"
 # Install the translated gfx90a kernel tree on gfx90a hosts.
 translate_kernels = True
 
+# Which translated kernels to install, by their MFMA wait-state audit (cdna2/kernels/hazards.py): "default" leaves
+# out kernels short of gfx90a's wait states in straight-line code and lists those short only across branches;
+# "strict" installs only kernels with no short edge; "permissive" installs all and says so on every report.
+kernel_hazard_policy = "default"
+
 # Patch AITER's and vLLM's arch gates on gfx90a hosts (the required patch sets).
 apply_patches = True
 
@@ -44,8 +49,24 @@ triton_version = None
 # Install vLLM from the matrix on hosts that do not have it yet.
 install_vllm = False
 
-# Run the on-host smoke tests after provisioning (GPU checks report "skipped" where no gfx90a device exists).
+# Run the on-host smoke tests after provisioning. On a host the probe sees as gfx90a the GPU checks must pass: a
+# GPU that cannot be used there fails them (they are "skipped" only on hosts with no GPU or another arch).
 smoke_tests = True
+
+# Run the smoke test's GPU checks. Off only for hosts whose GPU is a stand-in (the simulated lab): the GPU checks
+# are then reported "skipped", and the pass recorded says it was made without them.
+smoke_gpu_checks = True
 
 # On rollback, also reinstall the triton version recorded before the first deploy.
 rollback_restore_triton = False
+
+# The GPU arch to provision for where the probe finds no GPU: an image is built without one (inventory/images.py).
+# A GPU the probe does find always wins. None: a host without a GPU is left alone.
+gpu_arch = None
+
+# @docker image targets: the tag the deployed image gets, e.g. "local/vllm-mi210:base-cdna2"; None leaves the
+# image pyinfra commits untagged (its id is in the report).
+image_tag = None
+
+# @docker image targets: the tag the image rollback.py commits gets; None leaves it untagged.
+rollback_image_tag = None

@@ -72,6 +72,11 @@ def lab_matrix(rocm_versions: tuple[str, ...]) -> dict:
     return {"$schema": "wheel-matrix-1.0.json", "rocm": [entry(version) for version in rocm_versions]}
 
 
+def matrix_yaml(rocm_versions: tuple[str, ...]) -> str:
+    return ("# The lab's wheel matrix, written by lab/mirror.py: what the lab mirror holds, per lab ROCm version.\n"
+            + yaml.safe_dump(lab_matrix(rocm_versions), sort_keys=False))
+
+
 def _aiter_closure() -> list[Path]:
     """amd-aiter and its dependencies as pip resolves them from the wheelhouse cache alone."""
     wheelhouse.wheel(wheelhouse.AITER, with_deps=True)
@@ -122,9 +127,7 @@ def build(root: Path = DEFAULT_ROOT, rocm_versions: tuple[str, ...] | None = Non
     for wheel in wheels:
         (staging / "wheels" / wheel.name).symlink_to(wheel.resolve())
     _write_simple_index(staging, wheels)
-    (staging / "wheel-matrix.yaml").write_text(
-        "# The lab's wheel matrix, written by lab/mirror.py: what the lab mirror holds, per lab ROCm version.\n"
-        + yaml.safe_dump(lab_matrix(rocm_versions or lab_rocm_versions()), sort_keys=False))
+    (staging / "wheel-matrix.yaml").write_text(matrix_yaml(rocm_versions or lab_rocm_versions()))
     shutil.rmtree(root, ignore_errors=True)
     staging.rename(root)
     return root

@@ -20,6 +20,9 @@ from cdna2.cache import cache_root
 AITER = "amd-aiter==0.1.7.post2.dev18"
 TRITON_BROKEN = "triton==3.7.0"
 TRITON_PINNED = "triton==3.7.1"
+# CPU torch for the smoke tests' AITER and device test doubles (no ROCm torch exists here); in this machine's pip
+# find-links, with its dependencies from the index.
+TORCH_CPU = "torch==2.13.0+cpu"
 
 
 @contextmanager
@@ -69,18 +72,20 @@ def wheel(requirement: str, *, with_deps: bool = False) -> Path:
     return found[-1]
 
 
-def installed_tree(requirement: str) -> Path:
+def installed_tree(requirement: str, *, with_deps: bool = False) -> Path:
     """Return a site-packages-like directory holding ``requirement`` installed with ``--no-deps``.
 
-    The tree (with its dist-info and RECORD) is built once and cached; callers must copy it before changing it.
+    With ``with_deps`` the tree holds its dependencies too (downloaded into the wheelhouse first). The tree (with
+    its dist-info and RECORD) is built once and cached; callers must copy it before changing it.
     """
-    source = wheel(requirement)
-    tree = cache_root() / "trees" / source.name.removesuffix(".whl")
+    source = wheel(requirement, with_deps=with_deps)
+    tree = cache_root() / "trees" / (source.name.removesuffix(".whl") + ("+deps" if with_deps else ""))
     with cache_lock("trees"):
         if not (tree / ".complete").exists():
             staging = tree.with_name(tree.name + ".staging")
             shutil.rmtree(staging, ignore_errors=True)
-            _pip("install", "--no-deps", "--no-compile", "--target", str(staging), str(source))
+            resolution = ["--no-index", "--find-links", str(source.parent)] if with_deps else ["--no-deps"]
+            _pip("install", *resolution, "--no-compile", "--target", str(staging), str(source))
             (staging / ".complete").touch()
             shutil.rmtree(tree, ignore_errors=True)
             staging.rename(tree)

@@ -13,10 +13,10 @@ from cdna2.cache import cache_root
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
 from operations.agent import agent_command, lease_command
 
-# One translation per source digest per run, however many hosts share it: deploy.py runs once per host, in
-# parallel greenlets, and the first host with a given tree does the work while the others wait for it.
-_translation_locks: dict[str, threading.Lock] = {}
-_translations: dict[str, TranslatedTree] = {}
+# One translation per source digest and kernel hazard policy per run, however many hosts share it: deploy.py runs
+# once per host, in parallel greenlets, and the first host with a given tree does the work while the others wait.
+_translation_locks: dict[tuple[str, str], threading.Lock] = {}
+_translations: dict[tuple[str, str], TranslatedTree] = {}
 
 
 def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
@@ -39,17 +39,19 @@ def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
         source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote)))
 
 
-def translated_tree_for(source_host: Host, probe: dict) -> TranslatedTree:
-    """The translation of this host's gfx942 tree, from the controller's cache or made now."""
+def translated_tree_for(source_host: Host, probe: dict, hazard_policy: str) -> TranslatedTree:
+    """The translation of this host's gfx942 tree under ``hazard_policy``, from the controller's cache or made now."""
     digest = probe["aiter"]["gfx942_record_digest"]
-    with _translation_locks.setdefault(digest, threading.Lock()):
-        if digest not in _translations:
+    with _translation_locks.setdefault((digest, hazard_policy), threading.Lock()):
+        if (digest, hazard_policy) not in _translations:
             cache = cache_root() / "kernels"
-            source = ensure_source(cache, digest,
-                                   lambda archive: fetch_gfx942_tree(source_host, probe["aiter"]["hsa_root"], archive))
-            _translations[digest] = ensure_translation(
-                cache, digest, source, progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
-    return _translations[digest]
+            with _translation_locks.setdefault((digest, ""), threading.Lock()):  # one fetch per source tree
+                source = ensure_source(cache, digest, lambda archive: fetch_gfx942_tree(
+                    source_host, probe["aiter"]["hsa_root"], archive))
+            _translations[digest, hazard_policy] = ensure_translation(
+                cache, digest, source, hazard_policy,
+                progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
+    return _translations[digest, hazard_policy]
 
 
 @operation()
@@ -69,7 +71,9 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
         The archive is uploaded into ``<state_dir>/staging``, checked against its checksum, unpacked beside
         ``hsa/``, checked against the tree digest, and only then exchanged with ``hsa/gfx90a`` in one rename;
         the previous tree stays as ``hsa/.gfx90a.previous``. Nothing is uploaded when the installed tree
-        already has the digest. After a swap, the JIT modules built from the tree's loaders are removed.
+        already has the digest. After a swap, the JIT modules built from the tree's loaders, and every module
+        that compiles in a kernel table generated from the ``hsa/<arch>`` trees (``module_attention_asm``,
+        ``module_fmha_v3_*``: AITER's ``optCompilerConfig.json`` says which), are removed.
 
     **Example:**
 
@@ -77,7 +81,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
 
         translated_kernels(
             name="kernels: hsa/gfx90a holds the translated tree",
-            tree=translated_tree_for(host, probe),
+            tree=translated_tree_for(host, probe, "default"),
             hsa_root=probe["aiter"]["hsa_root"],
             installed_digest=probe["aiter"]["gfx90a_digest"],
             site_packages="/opt/venv/lib/python3.11/site-packages",
@@ -98,5 +102,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
     yield agent_command(target_python, state_dir, "kernels", "install", "--archive", remote_archive,
                         "--sha256", tree.archive_sha256, "--digest", tree.digest,
                         "--hsa-root", hsa_root, "--state-dir", state_dir)
-    if tree.invalidates:
-        yield agent_command(target_python, state_dir, "jit", "--root", site_packages, *tree.invalidates)
+    # Modules built from the old tree's loaders or kernel tables would keep serving it ("cannot get heuristic
+    # kernel!"): they go with it and rebuild on first use.
+    yield agent_command(target_python, state_dir, "jit", "--root", site_packages, "--kernel-tree-modules",
+                        *tree.invalidates)

@@ -15,6 +15,7 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback, State, StateStage
 
 from cdna2.report import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
+from operations.images import CommittedImages, settle_image_target
 
 # Where reports go: reports/ under the directory pyinfra runs in, unless CDNA2_REPORT_DIR says otherwise.
 def report_dir() -> Path:
@@ -55,6 +56,7 @@ class RunRecorder(BaseStateCallback):
         if cls._current is None or cls._current.state is not state:
             cls._current = cls(state, mode, inventory_argument(sys.argv[1:]))
             state.add_callback_handler(cls._current)
+            CommittedImages.install()
             atexit.register(cls._current.finish)
         return cls._current
 
@@ -86,6 +88,10 @@ class RunRecorder(BaseStateCallback):
                     step.status = CHANGED
             elif step is not None and step.status == PLANNED:
                 step.status = UNCHANGED
+
+    def host_disconnect(self, state, host):  # type: ignore[override]
+        # pyinfra has just committed an @docker image target: tag it or remove it before the report is written.
+        settle_image_target(state, host, self.report.host(host.name), self.report.mode)
 
     def finish(self) -> None:
         self.report.executed = self.state.current_stage >= StateStage.Execute

@@ -16,15 +16,18 @@ from operations.facts import SmokeResult
 from operations.util import fail_host_command
 
 
-def proof_key(deployed: dict[str, Any]) -> str:
-    """What a smoke pass proves: the deployed state it ran against (packages, kernel tree, patch sets)."""
-    return hashlib.sha256(json.dumps(deployed, sort_keys=True).encode()).hexdigest()
+def proof_key(deployed: dict[str, Any], gpu_checks: bool) -> str:
+    """What a smoke pass proves: the deployed state it ran against (packages, kernel tree, patch sets), and whether
+    its GPU checks ran (a pass without them never stands for one with them)."""
+    proved = {"deployed": deployed, "gpu_checks": gpu_checks}
+    return hashlib.sha256(json.dumps(proved, sort_keys=True).encode()).hexdigest()
 
 
-def recorded_proof(deployed: dict[str, Any], current_state: dict | None) -> dict | None:
+def recorded_proof(deployed: dict[str, Any], gpu_checks: bool, current_state: dict | None) -> dict | None:
     """The smoke pass recorded on the host (``state.json["smoke"]``) when it proves this very deployed state."""
     recorded_smoke = (current_state or {}).get("smoke")
-    return recorded_smoke if recorded_smoke and recorded_smoke.get("proves") == proof_key(deployed) else None
+    key = proof_key(deployed, gpu_checks)
+    return recorded_smoke if recorded_smoke and recorded_smoke.get("proves") == key else None
 
 
 def reused_proof_summary(proof: dict) -> str:
@@ -40,7 +43,8 @@ def changed_this_run() -> bool:
 
 @operation()
 def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dict | None, site_packages: str,
-                 target_python: str, state_dir: str, expect_triton: str = "3.7.1"):
+                 target_python: str, state_dir: str, host_arch: str | None, gpu_checks: bool = True,
+                 expect_triton: str = "3.7.1", no_gpu_reason: str | None = None):
     """
     Prove the host's provisioned state with the on-host smoke test, record every check, fail on any failure.
 
@@ -50,13 +54,17 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     + site_packages: the directory holding AITER and vLLM on the host
     + target_python: interpreter that runs the host agent (the smoke test runs in a fresh process of it)
     + state_dir: the tool's state directory on the host
+    + host_arch: the GPU arch the host probe saw (None: no GPU); on gfx90a an unusable GPU fails the smoke test
+    + gpu_checks: run the GPU checks (off only for hosts whose GPU is a stand-in, such as the lab's)
     + expect_triton: the triton version the host must have
+    + no_gpu_reason: why no GPU can exist on the target (an image build): the GPU checks are skipped with it
 
     Once per state:
         the test runs when this run changed the host, or when no pass is recorded for the state it leaves there;
         a pass is then recorded on the host. A re-run that changes nothing reuses that proof (``verify.py`` is
-        the read-only check for drift since). GPU checks report "skipped: no gfx90a device" where there is
-        none, never "passed". During ``--dry`` nothing has run yet, so it only says so.
+        the read-only check for drift since). On a host the probe saw as gfx90a, a GPU that cannot be used
+        fails the GPU checks, so no pass is recorded; they are "skipped" only where there is no GPU, or with
+        ``gpu_checks`` off, never "passed". During ``--dry`` nothing has run yet, so it only says so.
 
     **Example:**
 
@@ -64,19 +72,24 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
 
         smoke_passed(name="smoke: the host proves the ASM path", report=report, deployed=record,
                      current_state=probe["state"], site_packages="/opt/venv/lib/python3.11/site-packages",
-                     target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2")
+                     target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2", host_arch="gfx90a")
     """
     if not state.is_executing:
         host.noop("smoke tests run after the changes")
         return
-    proof = recorded_proof(deployed, current_state)
+    gpu_checks = gpu_checks and not no_gpu_reason  # whether the GPU checks run: part of what a pass proves
+    proof = recorded_proof(deployed, gpu_checks, current_state)
     if not changed_this_run() and proof:
         report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
         host.noop(f"smoke passed at {proof['at']} for this same state; nothing changed since")
         return
     result = host.get_fact(SmokeResult, target_python=target_python, state_dir=state_dir,
-                           site_packages=site_packages, expect_triton=expect_triton)
+                           site_packages=site_packages, expect_triton=expect_triton, host_arch=host_arch,
+                           gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
     bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")]
+    if host_arch == "gfx90a" and gpu_checks:  # on a gfx90a host only a GPU check that ran can be part of a pass
+        bad += [dict(check, status="failed", detail=f"skipped on a host probed as gfx90a: {check['detail']}")
+                for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
     summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
                f"{result['skipped']} skipped")
     gpu_skips = [check["detail"] for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
@@ -87,7 +100,7 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     if bad:
         yield fail_host_command("smoke: " + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
         return
-    passed = {"proves": proof_key(deployed), "summary": summary,
+    passed = {"proves": proof_key(deployed, gpu_checks), "summary": summary,
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
                         json.dumps(passed, sort_keys=True))

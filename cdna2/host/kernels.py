@@ -44,9 +44,21 @@ def exchange_directories(first: Path, second: Path) -> bool:
     if renameat2(AT_FDCWD, os.fsencode(first), AT_FDCWD, os.fsencode(second), RENAME_EXCHANGE) == 0:
         return True
     code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
         return False
     raise OSError(code, os.strerror(code), str(first))
+
+
+def rename_directory(source: Path, target: Path) -> None:
+    """``os.rename``, also for a directory overlayfs cannot rename: one from a lower layer of a container image
+    (EXDEV without ``redirect_dir``). That one is copied to ``target`` (copied up), then deleted."""
+    try:
+        os.rename(source, target)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+        shutil.copytree(source, target, symlinks=True)
+        shutil.rmtree(source)
 
 
 def safe_extract(archive: Path, destination: Path) -> None:
@@ -88,11 +100,11 @@ def install(archive: Path, sha256: str, digest: str, hsa_root: Path, state_dir: 
                 atomic = exchange_directories(staging, current)
                 if not atomic:
                     # No atomic exchange on this filesystem: the old tree is absent between these two renames.
-                    os.rename(current, staging.with_name(staging.name + ".old"))
+                    rename_directory(current, staging.with_name(staging.name + ".old"))
                     os.rename(staging, current)
                     os.rename(staging.with_name(staging.name + ".old"), staging)
                 shutil.rmtree(previous, ignore_errors=True)
-                os.rename(staging, previous)
+                rename_directory(staging, previous)
             else:
                 os.rename(staging, current)
         except BaseException:
@@ -115,7 +127,12 @@ def remove(hsa_root: Path, state_dir: Path) -> dict:
             if tree.exists():
                 # Rename first so AITER never sees a half-deleted tree under its real name.
                 doomed = tree.with_name(f".gfx90a.removing-{os.getpid()}")
-                os.rename(tree, doomed)
+                try:
+                    os.rename(tree, doomed)
+                except OSError as error:
+                    if error.errno != errno.EXDEV:
+                        raise
+                    doomed = tree  # from a lower layer of a container image (overlayfs): deleted where it is
                 shutil.rmtree(doomed)
                 removed.append(str(tree))
         update_state(state_dir, STATE_KEY, None)

@@ -46,9 +46,10 @@ def _process_stat(pid: int) -> tuple[int, str] | None:
 
 
 def ssh_connection() -> dict[str, Any]:
-    """The sshd process serving this command's SSH connection: the nearest sshd ancestor, with its start time (so
-    that a recycled pid is never mistaken for it)."""
-    pid = os.getppid()
+    """What this command's run arrives through: the nearest sshd ancestor, with its start time (so that a recycled
+    pid is never mistaken for it); in a container entered with ``docker exec`` (pyinfra's @docker connector), the
+    container's main process, whose life bounds every run in it."""
+    pid = os.getpid()
     while pid > 1:
         stat = _process_stat(pid)
         if stat is None:
@@ -59,6 +60,10 @@ def ssh_connection() -> dict[str, Any]:
             executable = ""
         if executable in SSHD_EXECUTABLES:
             return {"pid": pid, "start": stat[1]}
+        if stat[0] == 0:  # started from outside this pid namespace, not by its init: docker exec
+            container_init = _process_stat(1)
+            if container_init is not None:
+                return {"pid": 1, "start": container_init[1], "container": True}
         pid = stat[0]
     raise HostLockedError(f"{RUN_ENVIRONMENT} is set but no sshd serves this command: a controller run reaches the "
                           f"host over SSH; unset {RUN_ENVIRONMENT} to run the host agent by hand")
@@ -76,7 +81,8 @@ def hold_run_lease(state_dir: Path, run: str) -> dict[str, Any]:
     if lease is not None and lease["run"] != run and _connection_alive(lease["connection"]):
         raise HostLockedError(
             f"host {os.uname().nodename} is being provisioned by {lease['run']} since {lease['since']}: wait for "
-            f"that run to finish (the lease ends with its SSH connection), then run again")
+            f"that run to finish (the lease ends with its SSH connection; in a container, with the container's "
+            f"main process: remove {state_dir / LEASE} once that run's controller is gone), then run again")
     connection = ssh_connection()
     if lease is None or lease["run"] != run or lease["connection"] != connection:
         lease = {"run": run, "connection": connection, "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -7,8 +7,9 @@ finishes an interrupted transaction from its journal, so a package is never left
 
 Backup directory layout: ``state.json`` (package, its version, root, per file the original and patched sha256, the
 JIT outputs to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
-flight), ``lock``. Backups belong to one installed version: when the package has been reinstalled at another version
-since, ``apply`` starts new ones and ``revert`` finds nothing of ours left to restore; both drop the old backups.
+flight), ``lock`` (removed with the directory once nothing else is in it). Backups belong to one installed version:
+when the package has been reinstalled at another version since, ``apply`` starts new ones and ``revert`` finds
+nothing of ours left to restore; both drop the old backups.
 
 Prints one JSON object on stdout; exit 0 when done, 1 when refused or failed (nothing changed unless it says so).
 """
@@ -63,12 +64,35 @@ def _inside(root: Path, relative: str) -> Path:
     return root / relative
 
 
+def _take_lock(backup_dir: Path):
+    """The open, locked ``backup_dir/lock``; retried when a holder removed it meanwhile (see _locked)."""
+    while True:
+        backup_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = open(backup_dir / "lock", "w")
+        except FileNotFoundError:
+            continue
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if os.stat(backup_dir / "lock").st_ino == os.fstat(lock.fileno()).st_ino:
+                return lock
+        except FileNotFoundError:
+            pass
+        lock.close()
+
+
 @contextmanager
 def _locked(backup_dir: Path):
-    backup_dir.mkdir(parents=True, exist_ok=True)
-    with open(backup_dir / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock = _take_lock(backup_dir)
+    try:
         yield
+    finally:
+        # A backup directory with nothing left in it goes, lock and all, so a revert leaves nothing behind that the
+        # package's RECORD does not list. Whoever waits on the removed lock sees another inode and takes a new one.
+        if not any(entry.name != "lock" for entry in backup_dir.iterdir()):
+            (backup_dir / "lock").unlink()
+            backup_dir.rmdir()
+        lock.close()
 
 
 def _commit(backup_dir: Path, journal: dict) -> None:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from cdna2.host.state import write_file_atomically
 from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
+from cdna2.kernels.hazards import DEFAULT_POLICY, POLICIES
 from cdna2.kernels.isa import BUCKET_NAMES
 from cdna2.kernels.llvm import LlvmNotFoundError, LlvmOutputError
 
@@ -26,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     translate.add_argument("--jobs", type=int, default=None, help="worker processes (default: all cores)")
     translate.add_argument("--report", type=Path, metavar="FILE.json", help="write the JSON report here")
     translate.add_argument("--cache", type=Path, metavar="DIR", help="content-addressed cache of translated trees")
+    translate.add_argument("--hazard-policy", choices=sorted(POLICIES), default=DEFAULT_POLICY,
+                           help="which kernels to install by their MFMA wait-state verdict (default: %(default)s, "
+                                "all but those short in straight-line code; strict: clean only; permissive: all)")
     translate.set_defaults(func=run_translate)
 
     classify = subparsers.add_parser("classify", help="why each gfx942 kernel is or is not portable to gfx90a",
@@ -42,17 +46,34 @@ def _progress(message: str) -> None:
 
 def family_table(report: dict) -> str:
     """The per-family table: total, portable, blocked (and by what), errors."""
-    header = f"{'family':<16} {'total':>6} {'portable':>9} {'blocked':>8} {'errors':>7}  blocked by"
+    header = f"{'family':<16} {'total':>6} {'portable':>9} {'blocked':>8} {'withheld':>9} {'errors':>7}  blocked by"
     lines = [header, "-" * len(header)]
     for family, row in report["families"].items():
         blocked_by = ", ".join(f"{bucket} {row['blocked_by'][bucket]}" for bucket in BUCKET_NAMES
                                if bucket in row["blocked_by"])
-        lines.append(f"{family:<16} {row['total']:>6} {row['portable']:>9} {row['blocked']:>8} "
+        lines.append(f"{family:<16} {row['total']:>6} {row['portable']:>9} {row['blocked']:>8} {row['withheld']:>9} "
                      f"{row['errors'] + row['skipped']:>7}  {blocked_by}")
-    totals = [sum(row[key] for row in report["families"].values()) for key in ("total", "portable", "blocked")]
+    totals = [sum(row[key] for row in report["families"].values())
+              for key in ("total", "portable", "blocked", "withheld")]
     errors = sum(row["errors"] + row["skipped"] for row in report["families"].values())
-    lines.append(f"{'total':<16} {totals[0]:>6} {totals[1]:>9} {totals[2]:>8} {errors:>7}")
+    lines.append(f"{'total':<16} {totals[0]:>6} {totals[1]:>9} {totals[2]:>8} {totals[3]:>9} {errors:>7}")
     return "\n".join(lines)
+
+
+def hazard_lines(report: dict) -> list[str]:
+    """The MFMA wait-state verdicts, the kernels short in straight-line code with their worst edge, the policy."""
+    summary = report["hazards"]
+    counts = ", ".join(f"{verdict} {count}" for verdict, count in summary["verdicts"].items())
+    policy = f", kernel_hazard_policy {summary['policy']}" if summary["policy"] else ""
+    lines = [f"MFMA wait states ({summary['target']} rules, audit {summary['audit_version']}{policy}): {counts}"]
+    for relpath in summary["short_kernels"]["short-straight-line"] + summary["short_kernels"]["unaudited"]:
+        audit = report["kernels"][relpath]["hazards"]
+        worst = audit["worst"]
+        edge = (f"{worst['present']}/{worst['needed']} wait states {worst['producer_address']} -> "
+                f"{worst['consumer_address']} ({worst['consumer'].split()[0]})" if worst else "audit incomplete")
+        withheld = " (withheld)" if relpath in summary["withheld"] else ""
+        lines.append(f"  {audit['verdict']} {relpath}{withheld}: {edge}")
+    return lines
 
 
 def _errors(report: dict) -> list[str]:
@@ -61,7 +82,7 @@ def _errors(report: dict) -> list[str]:
 
 
 def _summary(report: dict) -> str:
-    lines = [family_table(report), ""]
+    lines = [family_table(report), "", *hazard_lines(report)]
     lines += [f"error  {line}" for line in _errors(report)]
     if "manifest_rows" in report:
         lines.append(f"manifests: {report['manifest_rows']['kept']} rows kept, "
@@ -89,7 +110,8 @@ def _run(command: str, produce: Callable[[], dict], json_path: Path | None) -> i
 
 def run_translate(args: argparse.Namespace) -> int:
     return _run("translate", lambda: translate_tree(args.src, args.dst, jobs=args.jobs, cache_dir=args.cache,
-                                                    progress=_progress), args.report)
+                                                    progress=_progress, hazard_policy=args.hazard_policy),
+                args.report)
 
 
 def run_classify(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import yaml
 
+from cdna2.patches import matching
 from cdna2.schema import first_violation
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
@@ -28,6 +29,13 @@ class Site:
     marker: str
     why: str
     invalidates: tuple[str, ...]
+    match: str = matching.CODE
+
+
+@dataclass(frozen=True)
+class Condition:
+    file: str
+    code: str
 
 
 @dataclass(frozen=True)
@@ -36,9 +44,13 @@ class Variant:
     versions: tuple[str, ...]
     derived_from: str
     sites: tuple[Site, ...]
+    present: tuple[Condition, ...] = ()
+    absent: tuple[Condition, ...] = ()
+    refusal: str = ""
+    leaves: tuple[tuple[str, str], ...] = ()  # (site id of another variant, why it is left as it is)
 
     def files(self) -> list[str]:
-        return sorted({site.file for site in self.sites})
+        return sorted({site.file for site in self.sites} | {c.file for c in self.present + self.absent})
 
 
 @dataclass(frozen=True)
@@ -93,12 +105,25 @@ def _check_site_text(site: dict, where: str) -> None:
         raise PatchDataError(f"{where}.marker: {marker!r} does not occur in the replacement")
     if marker in anchor:
         raise PatchDataError(f"{where}.marker: {marker!r} already occurs in the anchor")
+    mode = site.get("match", matching.CODE)
+    lang = matching.language(site["file"])
+    if mode == matching.CODE and lang != "text":
+        anchor_code = matching.code_lines(anchor, lang, True)
+        if not anchor_code:
+            raise PatchDataError(f"{where}.anchor: holds no code line to match; use match: text")
+        if [line.key for line in anchor_code] == [line.key for line in matching.code_lines(replacement, lang, True)]:
+            raise PatchDataError(f"{where}.replacement: differs from the anchor only in comments or blank lines, so "
+                                 f"pristine code would read as patched")
 
 
 def _site(raw: dict) -> Site:
     return Site(id=raw["id"], file=raw["file"], anchor=raw["anchor"], count=raw["count"],
                 replacement=raw["replacement"], marker=raw["marker"], why=raw["why"],
-                invalidates=tuple(raw.get("invalidates", ())))
+                invalidates=tuple(raw.get("invalidates", ())), match=raw.get("match", matching.CODE))
+
+
+def _conditions(raw_variant: dict, key: str) -> tuple[Condition, ...]:
+    return tuple(Condition(file=raw["file"], code=raw["code"]) for raw in raw_variant.get(key, ()))
 
 
 def _patch_set(document: dict, source: Path) -> PatchSet:
@@ -115,9 +140,18 @@ def _patch_set(document: dict, source: Path) -> PatchSet:
                 raise PatchDataError(f"{where}.sites[{s_index}].id: duplicate site id {raw_site['id']!r}")
             site_ids.add(raw_site["id"])
             _check_site_text(raw_site, f"{where}.sites[{s_index}]")
+        refusal = raw_variant.get("refusal", "")
+        if bool(refusal) == bool(raw_variant["sites"]):
+            raise PatchDataError(f"{where}: a variant has either sites or a refusal (with present/absent conditions "
+                                 f"saying where the feature is gone), not both and not neither")
+        if refusal and not (raw_variant.get("present") or raw_variant.get("absent")):
+            raise PatchDataError(f"{where}.refusal: needs present or absent conditions saying where it applies")
         variants.append(Variant(id=raw_variant["id"], versions=tuple(raw_variant["versions"]),
                                 derived_from=raw_variant["derived_from"],
-                                sites=tuple(_site(raw) for raw in raw_variant["sites"])))
+                                sites=tuple(_site(raw) for raw in raw_variant["sites"]),
+                                present=_conditions(raw_variant, "present"), absent=_conditions(raw_variant, "absent"),
+                                refusal=refusal,
+                                leaves=tuple((raw["site"], raw["why"]) for raw in raw_variant.get("leaves", ()))))
     return PatchSet(name=document["name"], package=document["package"], role=document["role"],
                     summary=document["summary"], requires=tuple(document.get("requires", ())),
                     variants=tuple(variants), source=source)

@@ -1,4 +1,4 @@
-"""``python -m cdna2 patch {plan,apply,check,revert,gates}``: the patch engine on one box, without pyinfra.
+"""``python -m cdna2 patch {plan,apply,check,revert,coverage,port,gates}``: the patch engine on one box, no pyinfra.
 
 The same pieces the deploy uses: a local probe of the site-packages, ``plan_package`` per package, and the host
 transaction (``cdna2.host.txn``) plus JIT invalidation (``cdna2.host.jit``) run locally.
@@ -98,10 +98,50 @@ def _print_plan(package: str, plan: PackagePlan | None, show_diff: bool) -> None
     print(f"== {package} {plan.installed_version}: {plan.status}" + (f" ({', '.join(plan.sets)})" if plan.sets else ""))
     for reason in plan.reasons:
         print(f"   {reason}")
+    for note in plan.notes:
+        print(f"   note: {note}")
+    for finding in plan.audit:
+        print(f"   audit: {finding}")
     for change in plan.changes:
         print(change.diff if show_diff else f"   would change {change.path}")
     if plan.jit_invalidations:
         print(f"   JIT outputs to remove after the change: {', '.join(plan.jit_invalidations)}")
+
+
+def _coverage(catalog: Catalog, as_json: bool) -> int:
+    from cdna2.patches import coverage
+
+    try:
+        trees = coverage.release_trees(catalog)
+    except coverage.SourceMissing as error:
+        print(f"coverage: {error}", file=sys.stderr)
+        return 1
+    results = [coverage.release_result(catalog, package, release, tree) for package, release, tree in trees]
+    print(coverage.to_json(results) if as_json else coverage.table(results, catalog))
+    required = {patch_set.name for patch_set in catalog.sets if not patch_set.optional}
+    failed = any(result.cycle != "ok" or any(result.cells[name] != "patched" for name in required & set(result.cells))
+                 for result in results)
+    return 1 if failed else 0
+
+
+def _port(catalog: Catalog, args: argparse.Namespace) -> int:
+    """Print a draft variant of one set for the release installed at --site-packages; writes nothing."""
+    from cdna2.patches.port import draft_variant, draft_yaml
+
+    if len(args.sets) != 1 or args.sets[0] not in catalog.set_names():
+        print(f"patch port: name one set with --set; sets: {', '.join(catalog.set_names())}", file=sys.stderr)
+        return 2
+    patch_set = catalog.by_name(args.sets[0])
+    probed = probe(args.site_packages.resolve(), catalog, patch_set.package)
+    if probed is None:
+        print(f"{args.site_packages}: {patch_set.package} is not installed there", file=sys.stderr)
+        return 1
+    version, files, _ = probed
+    texts = {path: data.decode("utf-8") if data is not None else None for path, data in files.items()}
+    draft = draft_variant(patch_set, texts)
+    print(draft_yaml(draft, version, f"drafted by python -m cdna2 patch port from variant {draft.model.id} on "
+                                     f"{patch_set.package} {version}: review every site"))
+    return 1 if draft.unplaced else 0
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -112,15 +152,19 @@ def _run(args: argparse.Namespace) -> int:
         from cdna2.patches import gates  # needs the lab's wheel cache and torch venv, which only this action uses
 
         return gates.command(Path(args.json) if args.json else None)
-    if args.site_packages is None:
-        print(f"patch {args.action}: --site-packages is required", file=sys.stderr)
-        return 2
     try:
         catalog = load_catalog()
     except PatchDataError as error:
         print(f"patch data invalid: {error}", file=sys.stderr)
         return 1
+    if args.action == "coverage":
+        return _coverage(catalog, args.json)
+    if args.site_packages is None:
+        print(f"patch {args.action}: --site-packages is required", file=sys.stderr)
+        return 2
     args.site_packages = args.site_packages.resolve()
+    if args.action == "port":
+        return _port(catalog, args)
     unknown = sorted(set(args.sets) - set(catalog.optional_sets()))
     if unknown:
         print(f"--set {', '.join(unknown)}: not an optional patch set; choose from {', '.join(catalog.optional_sets())}",
@@ -133,6 +177,9 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 result = txn.revert(_state_dir(args, package), args.site_packages)
                 result["jit"] = jit.invalidate(args.site_packages, result["jit_invalidations"])
+                if args.state_dir is None and (args.site_packages / STATE_DIR_NAME).is_dir() and not any(
+                        (args.site_packages / STATE_DIR_NAME).iterdir()):
+                    (args.site_packages / STATE_DIR_NAME).rmdir()  # RECORD does not list it
             except txn.TxnError as error:
                 result, failed = {"ok": False, "package": package, "error": str(error), "file": error.path}, True
             report["packages"].append(result)
@@ -167,11 +214,14 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("patch", help="plan, apply, check or revert the gfx90a patch sets on one box",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("plan", "apply", "check", "revert", "gates"),
+    parser.add_argument("action", choices=("plan", "apply", "check", "revert", "coverage", "port", "gates"),
                         help="plan: show unified diffs; apply: patch; check: exit 1 unless every selected site is "
-                             "patched; revert: restore the originals; gates: evaluate vLLM's arch gates on every "
-                             "vLLM release, stock and patched, on gfx90a and gfx942 (no --site-packages)")
-    parser.add_argument("--site-packages", type=Path, help="the site-packages holding the packages")
+                             "patched; revert: restore the originals; coverage: every set on every known AITER and "
+                             "vLLM release (real trees, cached), the whole cycle on each; port: print a draft "
+                             "variant of --set NAME for the release installed (writes nothing); gates: evaluate "
+                             "vLLM's arch gates on every vLLM release, stock and patched, on gfx90a and gfx942")
+    parser.add_argument("--site-packages", type=Path,
+                        help="the site-packages holding the packages (not coverage or gates)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
                         help="enable an optional patch set (repeatable); required sets are always selected")
     parser.add_argument("--state-dir", type=Path, default=None,

@@ -27,10 +27,10 @@ from pathlib import Path
 
 from cdna2.cache import cache_root
 from cdna2.patches.catalog import Catalog, load_catalog
+from cdna2.patches.coverage import VLLM_RELEASES
 from cdna2.patches.planner import PackagePlan, plan_package
 
-RELEASES = ("0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-            "0.31.0", "0.32.0", "0.33.0")
+RELEASES = VLLM_RELEASES  # the coverage table's vLLM releases
 ARCHES = ("gfx90a", "gfx942")
 COLUMNS = (("gfx90a", "stock"), ("gfx90a", "patched"), ("gfx942", "stock"), ("gfx942", "patched"))
 RUNNER = Path(__file__).resolve().parents[2] / "lab" / "vllm_gates" / "runner.py"

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from cdna2.host.probe import record_hash
-from cdna2.patches.catalog import Catalog, PatchSet, Site, Variant
+from cdna2.patches import matching
+from cdna2.patches.audit import audit
+from cdna2.patches.catalog import Catalog, Condition, PatchSet, Site, Variant
 
 PRISTINE, PATCHED, MISMATCH, ABSENT = "pristine", "patched", "mismatch", "absent"
 
@@ -70,6 +73,9 @@ class PackagePlan:
     changes: list[FileChange] = field(default_factory=list)
     jit_invalidations: list[str] = field(default_factory=list)
     sites: list[SiteState] = field(default_factory=list)
+    declined: dict[str, str] = field(default_factory=dict)  # optional set -> why upstream no longer has its feature
+    notes: list[str] = field(default_factory=list)  # e.g. a version no variant was written for
+    audit: list[str] = field(default_factory=list)  # arch gates that still matter for gfx90a after this plan
 
     def transaction(self, root: str, backup_dir: str, staged: Mapping[str, str]) -> dict:
         """The change manifest ``cdna2.host.txn apply`` runs; ``staged``: where each changed path's new bytes wait.
@@ -86,7 +92,8 @@ class PackagePlan:
         return {"package": self.package, "installed_version": self.installed_version, "status": self.status,
                 "sets": self.sets, "variants": self.variants, "reasons": self.reasons,
                 "changes": [change.to_json() for change in self.changes],
-                "jit_invalidations": self.jit_invalidations, "sites": [site.to_json() for site in self.sites]}
+                "jit_invalidations": self.jit_invalidations, "sites": [site.to_json() for site in self.sites],
+                "declined": self.declined, "notes": self.notes, "audit": self.audit}
 
 
 class _Refusal(Exception):
@@ -97,9 +104,10 @@ def site_state(text: str | None, site: Site, set_name: str, variant: str) -> Sit
     """Classify one site in one file's text: pristine (anchor found as expected), patched, absent or mismatch."""
     if text is None:
         return SiteState(set_name, variant, site.id, site.file, ABSENT, 0, 0, site.count)
-    patched = text.count(site.replacement)
+    patched = matching.count(text, site.replacement, site.file, site.match)
     # An appending replacement contains its own anchor; those occurrences are not unpatched text.
-    unpatched = text.count(site.anchor) - patched * site.replacement.count(site.anchor)
+    unpatched = (matching.count(text, site.anchor, site.file, site.match)
+                 - patched * matching.count_in_fragment(site.replacement, site.anchor, site.file, site.match))
     if patched == 0 and unpatched == site.count:
         state = PRISTINE
     elif patched == site.count and unpatched == 0:
@@ -143,20 +151,56 @@ def _variant_states(patch_set: PatchSet, variant: Variant, texts: dict[str, str 
     return [site_state(texts[site.file], site, patch_set.name, variant.id) for site in variant.sites]
 
 
-def _choose_variant(patch_set: PatchSet, texts: dict[str, str | None], version: str,
-                    package: str) -> tuple[Variant, list[SiteState]]:
-    evaluated = [(variant, _variant_states(patch_set, variant, texts)) for variant in patch_set.variants]
-    matching = [(variant, states) for variant, states in evaluated
-                if all(state.state in (PRISTINE, PATCHED) for state in states)]
-    if len(matching) == 1:
-        return matching[0]
-    if len(matching) > 1:
-        raise _Refusal(f"{package} {version}: set {patch_set.name}: variants "
-                       f"{', '.join(variant.id for variant, _ in matching)} all match; the data is ambiguous")
+def _condition_failures(variant: Variant, texts: dict[str, str | None]) -> list[str]:
+    def found(condition: Condition) -> bool:
+        text = texts[condition.file]
+        return text is not None and matching.count(text, condition.code, condition.file, matching.CODE) > 0
+
+    def first_line(condition: Condition) -> str:
+        return condition.code.strip().splitlines()[0]
+
+    return ([f"{c.file}: required code is missing: {first_line(c)!r}" for c in variant.present if not found(c)]
+            + [f"{c.file}: holds code this variant does not handle: {first_line(c)!r}" for c in variant.absent
+               if found(c)])
+
+
+def _unaccounted_gates(patch_set: PatchSet, variant: Variant, texts: dict[str, str | None]) -> list[str]:
+    """Gates another variant of the set patches, found here in either form, that this variant has no site for."""
+    def code(site: Site, text: str) -> tuple:
+        return site.file, matching.code_key(text, site.file, site.match)
+
+    own = {code(site, site.anchor) for site in variant.sites} | {code(site, site.replacement) for site in variant.sites}
+    left, known = [], {site_id for site_id, _ in variant.leaves}
+    for other in patch_set.variants:
+        for site in other.sites:
+            if (site.id in known or code(site, site.anchor) in own or code(site, site.replacement) in own
+                    or texts[site.file] is None):
+                continue
+            state = site_state(texts[site.file], site, patch_set.name, other.id)
+            if state.unpatched_found or state.patched_found:
+                own.add(code(site, site.anchor))
+                left.append(f"{site.file}: leaves gate {site.id} (patched by variant {other.id}) "
+                            f"{'unpatched' if state.unpatched_found else 'unaccounted for'}")
+    return left
+
+
+def _candidates(patch_set: PatchSet, texts: dict[str, str | None], version: str,
+                package: str) -> list[tuple[Variant, list[SiteState]]]:
+    """The variants whose sites all match, whose conditions hold and that leave no gate of the set unpatched."""
+    evaluated = []
+    for variant in patch_set.variants:
+        states = _variant_states(patch_set, variant, texts)
+        problems = [state.describe() for state in states if state.state not in (PRISTINE, PATCHED)]
+        if not problems:
+            problems = _condition_failures(variant, texts) + _unaccounted_gates(patch_set, variant, texts)
+        evaluated.append((variant, states, problems))
+    matching_variants = [(variant, states) for variant, states, problems in evaluated if not problems]
+    if matching_variants:
+        return matching_variants
     lines = [f"{package} {version}: set {patch_set.name}: no variant matches the installed text"]
-    for variant, states in evaluated:
+    for variant, _, problems in evaluated:
         lines.append(f"  variant {variant.id} (written for {', '.join(variant.versions)}):")
-        lines.extend(f"    {state.describe()}" for state in states if state.state not in (PRISTINE, PATCHED))
+        lines.extend(f"    {problem}" for problem in problems)
     raise _Refusal("\n".join(lines))
 
 
@@ -170,15 +214,24 @@ def _anything_found(patch_sets: list[PatchSet], texts: dict[str, str | None]) ->
     return False
 
 
+def _undo(path: str, text: str, sites: list[tuple[Site, SiteState]]) -> str:
+    """``text`` with every patched site of ``sites`` spliced back to its anchor."""
+    original = text
+    for site, state in sites:
+        if state.state == PATCHED:
+            original = matching.splice(original, site.replacement, site.anchor, path, site.match)
+    return original
+
+
 def _proven_original(path: str, text: str, sites: list[tuple[Site, SiteState]], record: Mapping[str, str]) -> None:
     """Refuse unless the file with our patched sites undone hashes to its RECORD entry (nothing else was edited)."""
     expected = record.get(path)
     if not expected:
         raise _Refusal(f"{path}: no RECORD hash, so the file cannot be proven pristine; reinstall the package")
-    original = text
-    for site, state in sites:
-        if state.state == PATCHED:
-            original = original.replace(site.replacement, site.anchor)
+    try:
+        original = _undo(path, text, sites)
+    except matching.SpliceError as error:
+        raise _Refusal(f"{path}: a patched site cannot be undone ({error}); reinstall the package") from error
     if record_hash(original.encode("utf-8")) != expected:
         raise _Refusal(f"{path}: edited outside our patch sites (with our sites undone it does not match its RECORD "
                        f"hash {expected}); refusing to overwrite it: reinstall the package or restore the file")
@@ -188,13 +241,63 @@ def _patched_text(path: str, text: str, sites: list[tuple[Site, SiteState]]) -> 
     new_text = text
     for site, state in sites:
         if state.state == PRISTINE:
-            new_text = new_text.replace(site.anchor, site.replacement)
+            try:
+                new_text = matching.splice(new_text, site.anchor, site.replacement, path, site.match)
+            except matching.SpliceError as error:
+                raise _Refusal(f"{path}: site {site.id} of set {state.set_name}: {error}; write a variant for "
+                               f"this release") from error
+    after_states = []
     for site, state in sites:
         after = site_state(new_text, site, state.set_name, state.variant)
         if after.state != PATCHED:
             raise _Refusal(f"{path}: site {site.id} of set {state.set_name} is not cleanly patched after applying "
                            f"every site ({after.describe()}); the sites of this file interfere: fix the data")
+        after_states.append((site, after))
+    # Revert must give back these bytes: prove it before anything is written.
+    try:
+        undoes = _undo(path, new_text, after_states) == _undo(path, text, sites)
+    except matching.SpliceError:
+        undoes = False
+    if not undoes:
+        raise _Refusal(f"{path}: the patched file would not undo to the installed bytes (the installed text at a site "
+                       f"is spelled differently from the anchor where the change rewrites it); write a variant for "
+                       f"this release")
     return new_text
+
+
+def _undoes_to_record(combination: list[tuple[PatchSet, Variant, list[SiteState]]], texts: dict[str, str | None],
+                      record: Mapping[str, str]) -> bool:
+    """True when undoing every patched site of these variants gives each file its RECORD bytes."""
+    by_file: dict[str, list[tuple[Site, SiteState]]] = {}
+    for _, variant, states in combination:
+        for site, state in zip(variant.sites, states):
+            by_file.setdefault(site.file, []).append((site, state))
+    for path, sites in by_file.items():
+        if texts[path] is None or not any(state.state == PATCHED for _, state in sites):
+            continue
+        try:
+            original = _undo(path, texts[path], sites)
+        except matching.SpliceError:
+            return False
+        if record_hash(original.encode("utf-8")) != record.get(path):
+            return False
+    return True
+
+
+def _choose(candidates: list[tuple[PatchSet, list[tuple[Variant, list[SiteState]]]]], texts: dict[str, str | None],
+            record: Mapping[str, str], label: str) -> list[tuple[PatchSet, Variant, list[SiteState]]]:
+    """One variant per set. Variants that write the same code match the same patched text; the one whose undo
+    gives the RECORD bytes is the one that was applied."""
+    combinations = [[(patch_set, variant, states) for patch_set, (variant, states) in zip(
+        [patch_set for patch_set, _ in candidates], choice)]
+        for choice in itertools.product(*[options for _, options in candidates])]
+    if len(combinations) > 1:
+        combinations = [combination for combination in combinations if _undoes_to_record(combination, texts, record)]
+    if len(combinations) == 1:
+        return combinations[0]
+    ambiguous = [f"set {patch_set.name}: variants {', '.join(variant.id for variant, _ in options)}"
+                 for patch_set, options in candidates if len(options) > 1]
+    raise _Refusal(f"{label}: {'; '.join(ambiguous)} all match; the data is ambiguous")
 
 
 def _unified_diff(path: str, old: str, new: str) -> str:
@@ -239,12 +342,21 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
     try:
         _check_dependencies(selected)
         texts = {path: _decode(files, path) for path in catalog.target_files(package)}
-        chosen, failures = [], []
+        candidates, failures = [], []
         for patch_set in selected:
             try:
-                variant, states = _choose_variant(patch_set, texts, installed_version, package)
+                candidates.append((patch_set, _candidates(patch_set, texts, installed_version, package)))
             except _Refusal as refusal:
                 failures.append(str(refusal))
+        chosen = []
+        for patch_set, variant, states in (_choose(candidates, texts, record, f"{package} {installed_version}")
+                                           if not failures else []):
+            if variant.refusal:
+                reason = f"{package} {installed_version}: set {patch_set.name}: {variant.refusal}"
+                if not patch_set.optional:
+                    failures.append(reason)
+                else:
+                    plan.declined[patch_set.name] = reason
                 continue
             chosen.append((patch_set, variant, states))
             plan.sites.extend(states)
@@ -265,4 +377,10 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
     for patch_set, variant, _ in chosen:
         plan.reasons.append(f"{package} {installed_version}: set {patch_set.name} variant {variant.id} matches the "
                             f"installed text (written for {', '.join(variant.versions)})")
+        plan.notes.extend(f"set {patch_set.name} variant {variant.id} leaves gate {site_id} as it is: {why}"
+                          for site_id, why in variant.leaves)
+        if installed_version not in variant.versions:
+            plan.notes.append(f"set {patch_set.name}: matched by text; no variant written for {installed_version}")
+    plan.reasons.extend(f"{reason} (declined; the other sets apply)" for reason in plan.declined.values())
+    plan.audit = audit({**texts, **{change.path: change.new_bytes.decode("utf-8") for change in plan.changes}})
     return plan

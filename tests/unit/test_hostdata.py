@@ -48,6 +48,17 @@ def test_misspelt_key_names_host_key_and_suggestion(defaults: dict) -> None:
     ("wheel_find_links", "/srv/wheels", None),
     ("ssh_strict_host_key_checking", "off", "not allowed"),
     ("optional_patch_sets", ["ck-int8-gemm", "ck-int8-gemm"], "non-unique"),
+    ("gpu_arch", "gfx90a", None),
+    ("gpu_arch", "gfx1100", None),
+    ("gpu_arch", "MI210", "malformed"),
+    ("gpu_arch", "gfx90a; id", "malformed"),
+    ("image_tag", "local/vllm-mi210:base-cdna2", None),
+    ("image_tag", "registry.example:5000/vllm-mi210:0.26.0-cdna2", None),
+    ("image_tag", "Local/Vllm:x", "malformed"),
+    ("image_tag", "local/vllm:x $(id)", "malformed"),
+    ("rollback_image_tag", "local/vllm-mi210:stock", None),
+    ("docker_identifier", "e200a05f9450", None),
+    ("docker_identifier", "img`id`", "malformed"),
 ])
 def test_values(defaults: dict, key: str, value, reason: str | None) -> None:
     problems = problems_for("h", dict(defaults, **{key: value}))

@@ -153,7 +153,7 @@ def hostile_tree(tmp_path: Path, build_code_object, marker: Path, monkeypatch) -
     src = tmp_path / "hsa" / "gfx942"
     monkeypatch.chdir(marker.parent)
     family = src / HOSTILE_NAME
-    built = build_code_object(tmp_path / "ok_bf16.co", "v_mov_b32_e32 v0, v1", BF16_MFMA)
+    built = build_code_object(tmp_path / "ok_bf16.co", "v_mov_b32_e32 v0, v1", "s_nop 1", BF16_MFMA)
     family.mkdir(parents=True)
     good = built.rename(family / "ok bf16 'k'.co")
     data = good.read_bytes()

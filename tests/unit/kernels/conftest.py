@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.kernels import find_llvm
+from cdna2.kernels import find_llvm, translate_tree
+from lab import wheelhouse
 
 KERNEL_TEMPLATE = """\
 .amdgcn_target "amdgcn-amd-amdhsa--gfx942"
@@ -52,6 +53,21 @@ FP8_MFMA = "v_mfma_f32_16x16x32_fp8_fp8 a[0:3], v[0:1], v[2:3], a[0:3]"
 @pytest.fixture(scope="session")
 def llvm_tools():
     return find_llvm()
+
+
+@pytest.fixture(scope="session")
+def real_source() -> Path:
+    """The gfx942 tree of amd-aiter 0.1.7.post2.dev18 from PyPI (downloaded once, cached by lab.wheelhouse)."""
+    return wheelhouse.installed_tree(wheelhouse.AITER) / "aiter_meta/hsa/gfx942"
+
+
+@pytest.fixture(scope="session")
+def real_translation(real_source, tmp_path_factory) -> tuple[dict, Path, Path]:
+    """(report, gfx90a tree, engine cache) of one cold translation of the real tree under the default policy,
+    shared by the tests that need it (about 10 s on 2 cores)."""
+    work = tmp_path_factory.mktemp("real-translation")
+    report = translate_tree(real_source, work / "first" / "gfx90a", cache_dir=work / "cache")
+    return report, work / "first" / "gfx90a", work / "cache"
 
 
 @pytest.fixture

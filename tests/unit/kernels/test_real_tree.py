@@ -11,29 +11,24 @@ import pytest
 from cdna2.host.probe import tree_digest
 from cdna2.host import manifest
 from cdna2.kernels import translate_tree
-from lab import wheelhouse
 
-# Measured with LLVM 22.1.8 (translator version 1): 178 of 1,281 code objects are portable.
-EXPECTED_WRITTEN = 178
+# Measured with LLVM 22.1.8 (translator version 1): 178 of 1,281 code objects are portable; under the default
+# kernel_hazard_policy the 13 short of gfx90a's MFMA wait states in straight-line code are withheld.
+EXPECTED_PORTABLE = 178
+EXPECTED_WITHHELD = 13
 EXPECTED_CODE_OBJECTS = 1281
 
 
-@pytest.fixture(scope="module")
-def real_source() -> Path:
-    return wheelhouse.installed_tree(wheelhouse.AITER) / "aiter_meta/hsa/gfx942"
-
-
 @pytest.mark.slow
-def test_real_tree_translates_consistently_and_caches(real_source, tmp_path, llvm_tools):
-    cache = tmp_path / "cache"
-    first = translate_tree(real_source, tmp_path / "first" / "gfx90a", cache_dir=cache)
-    dst = tmp_path / "first" / "gfx90a"
+def test_real_tree_translates_consistently_and_caches(real_source, real_translation, tmp_path, llvm_tools):
+    first, dst, cache = real_translation
     assert first["cache"]["status"] == "miss"
     assert first["counts"] == {"code_objects": EXPECTED_CODE_OBJECTS, "blocked": EXPECTED_CODE_OBJECTS -
-                               EXPECTED_WRITTEN, "written": EXPECTED_WRITTEN}
+                               EXPECTED_PORTABLE, "withheld": EXPECTED_WITHHELD,
+                               "written": EXPECTED_PORTABLE - EXPECTED_WITHHELD}
 
     written = sorted(dst.rglob("*.co"))
-    assert len(written) == EXPECTED_WRITTEN
+    assert len(written) == EXPECTED_PORTABLE - EXPECTED_WITHHELD
     assert all(struct.unpack_from("<I", p.read_bytes(), 0x30)[0] & 0xFF == 0x3F for p in written)
     listing = subprocess.run([llvm_tools.tool("llvm-objdump"), "-d", "--mcpu=gfx90a", *map(str, written)],
                              capture_output=True, text=True)

@@ -26,6 +26,10 @@ def test_plan_apply_check_revert(catalog, tmp_path, capsys):
     assert code == 1 and "amd-aiter 0.1.7.post2.dev18: apply (aiter-asm-paths)" in out
     code, out = run(capsys, "plan", "--site-packages", str(root))
     assert code == 0 and "+++ b/aiter_meta/csrc/cpp_itfs/mha_fwd_generate.py" in out
+    assert "   amd-aiter 0.1.7.post2.dev18: set aiter-asm-paths variant 0.1.7.post2.dev18 matches" in out
+    assert ('   audit: aiter/ops/mha.py:1431: ret = get_gfx() == "gfx942": still refuses gfx90a on an attention path '
+            'whose kernels are installed') in out
+    assert "   note: set aiter-asm-paths variant 0.1.7.post2.dev18 leaves gate a8w8-dtypes as it is" in out
     assert snapshot(root) == before, "plan is a dry run"
 
     code, out = run(capsys, "apply", "--site-packages", str(root), "--json")
@@ -36,7 +40,8 @@ def test_plan_apply_check_revert(catalog, tmp_path, capsys):
     assert run(capsys, "check", "--site-packages", str(root))[0] == 0
 
     code, out = run(capsys, "revert", "--site-packages", str(root))
-    assert code == 0 and "restored aiter_meta/csrc/cpp_itfs/mha_fwd_generate.py" in out
+    assert code == 0 and "restored aiter/ops/gemm_op_a4w4.py, aiter_meta/csrc/cpp_itfs/mha_fwd_generate.py" in out
+    assert not (root / ".cdna2-patch-state").exists(), "revert leaves nothing RECORD does not list (no lock file)"
     after = snapshot(root)
     assert {path: digest for path, digest in after.items() if "/jit/" not in path} == \
         {path: digest for path, digest in before.items() if "/jit/" not in path}

@@ -109,7 +109,7 @@ def test_set_only_adds_lines(catalog, version, tmp_path):
 
 @pytest.mark.parametrize("site_id, edit", [
     ("fast-launch", lambda text: text.replace("    _w8a8_triton_block_scaled_mm[grid](\n        A,\n",
-                                              "    _w8a8_triton_block_scaled_mm[grid](\n        A,  # local\n")),
+                                              "    _w8a8_triton_block_scaled_mm[grid](\n        A.contiguous(),\n")),
     ("fast-kernel", lambda text: text.replace("@triton.jit\ndef _w8a8_triton_block_scaled_mm(",
                                               "@triton.jit()\ndef _w8a8_triton_block_scaled_mm(")),
 ])

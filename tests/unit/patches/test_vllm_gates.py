@@ -61,6 +61,7 @@ def test_gates_behave_as_expected(evaluated, version):
 @pytest.mark.slow
 def test_table_names_every_release_with_a_verdict(evaluated):
     table = gates.render(list(evaluated.values()))
+    print(table)  # shown with pytest -s: the measured table
     for version in gates.RELEASES:
         assert f"\nvLLM {version}: " in table
         assert f"| {version} | rocm_aiter_ops.is_mha_enabled() | attention |" in table

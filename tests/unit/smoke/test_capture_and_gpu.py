@@ -65,52 +65,98 @@ def test_load_lines_reads_every_known_format() -> None:
     ]
 
 
-def child_report(rel_rms: float | None = 1e-4, close: float = 100.0, captured: str = "", **extra) -> dict:
+SITE = Path("/s")
+TREE = SITE / "aiter_meta/hsa/gfx90a"
+
+
+def gpu_run(tmp_path: Path | None = None) -> smoke.GpuRun:
+    return smoke.GpuRun(tmp_path or SITE / "state", SITE, TREE, smoke.GpuLimits(device=120))
+
+
+def child_report(worst_row: float = 3e-3, bad: int = 0, captured: str = "", **extra) -> dict:
     """Test double for a smoke_gpu run report (no GPU here to produce a real one)."""
-    return {"case": "x", "error": None, "rel_rms": rel_rms, "close_percent": close, "finite": rel_rms is not None,
-            "elapsed_ms": 0.25, "captured": captured, "captured_tail": "", **extra}
+    return {"case": "x", "error": None, "rel_rms": 2e-3, "worst_row_rel_rms": worst_row, "worst_row": 0,
+            "bad_elements": bad, "elements": 4096, "unwritten": 0, "prefilled": True, "elapsed_ms": 0.25,
+            "captured": captured, "captured_tail": "", "aiter_file": str(SITE / "aiter/__init__.py"),
+            "aiter_asm_dir": f"{TREE}/", **extra}
 
 
-PA, FMHA, WINDOW = smoke.GPU_CHECKS[2], smoke.GPU_CHECKS[0], smoke.GPU_CHECKS[3]
+PA, FMHA, WINDOW = (next(check for check in smoke.GPU_CHECKS if check.case == case)
+                    for case in ("pa_fwd_asm", "fmha_v3_fwd_noncausal", "sliding_window"))
+GROUP = next(check for check in smoke.GPU_CHECKS if check.case == "fmha_v3_varlen_group")
 PA_GFX90A = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co GetFunction: k"
 PA_GFX942 = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx942/pa/pa_bf16_noquant_gqa8_1tg_4w.co GetFunction: k"
 
 
 def test_correct_with_a_gfx90a_load_line_passes() -> None:
-    check = smoke.judge_gpu_case(PA, child_report(captured=PA_GFX90A))
+    check = smoke.judge_gpu_case(PA, child_report(captured=PA_GFX90A), gpu_run())
     assert check["status"] == "passed" and "hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co" in check["detail"]
 
 
 def test_correct_without_gfx90a_proof_is_a_fallback_and_fails() -> None:
     for captured in ("", PA_GFX942):
-        check = smoke.judge_gpu_case(PA, child_report(captured=captured))
+        check = smoke.judge_gpu_case(PA, child_report(captured=captured), gpu_run())
         assert check["status"] == "failed" and "a fallback computed it" in check["detail"]
-    wrong_family = smoke.judge_gpu_case(FMHA, child_report(captured=PA_GFX90A))
+    wrong_family = smoke.judge_gpu_case(FMHA, child_report(captured=PA_GFX90A), gpu_run())
     assert wrong_family["status"] == "failed", "a pa load does not prove fmha_v3_fwd ran on ASM"
+    batched = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16_rtna.co GetFunction: k"
+    assert smoke.judge_gpu_case(GROUP, child_report(captured=batched), gpu_run())["status"] == "failed", \
+        "the varlen case must load a _group kernel"
+    group = batched.replace("fwd_hd128_bf16_rtna.co", "fwd_hd128_bf16_rtna_group.co")
+    assert smoke.judge_gpu_case(FMHA, child_report(captured=group), gpu_run())["status"] == "failed", \
+        "the batched cases must load a batch-mode kernel"
+    assert smoke.judge_gpu_case(FMHA, child_report(captured=batched), gpu_run())["status"] == "passed"
+    elsewhere = PA_GFX90A.replace("/s/", "/other/site/")
+    assert smoke.judge_gpu_case(PA, child_report(captured=elsewhere), gpu_run())["status"] == "failed", \
+        "a gfx90a kernel outside the provisioned tree proves nothing about it"
 
 
 def test_fast_but_wrong_is_wrong_even_with_the_asm_kernel_loaded() -> None:
-    for report in (child_report(rel_rms=0.5, captured=PA_GFX90A), child_report(close=97.0, captured=PA_GFX90A),
-                   child_report(rel_rms=None, captured=PA_GFX90A)):
-        check = smoke.judge_gpu_case(PA, report)
+    for report in (child_report(worst_row=0.05, captured=PA_GFX90A), child_report(bad=1, captured=PA_GFX90A),
+                   child_report(bad=3, unwritten=3, captured=PA_GFX90A,
+                                first_bad_element={"index": 7, "got": float("nan"), "ref": 0.25})):
+        check = smoke.judge_gpu_case(PA, report, gpu_run())
         assert check["status"] == "wrong" and check["detail"].startswith("WRONG:"), check
+    assert "3 never written (still NaN)" in check["detail"]
+    assert "the first, element 7, is nan against 0.25" in check["detail"]
+
+
+def test_another_aiter_or_kernel_directory_or_unfilled_output_fails() -> None:
+    shadow = child_report(captured=PA_GFX90A, aiter_file="/root/aiter/__init__.py")
+    check = smoke.judge_gpu_case(PA, shadow, gpu_run())
+    assert check["status"] == "failed" and "imported aiter from /root/aiter/__init__.py" in check["detail"]
+    moved = child_report(captured=PA_GFX90A, aiter_asm_dir="/tmp/hsa/gfx90a/")
+    check = smoke.judge_gpu_case(PA, moved, gpu_run())
+    assert check["status"] == "failed" and "AITER_ASM_DIR is /tmp/hsa/gfx90a/" in check["detail"]
+    hsa_root = child_report(captured=PA_GFX90A, aiter_asm_dir=f"{SITE}/aiter_meta/hsa/")  # v0.1.17 and later
+    assert smoke.judge_gpu_case(PA, hsa_root, gpu_run())["status"] == "passed"
+    stale = child_report(captured=PA_GFX90A, prefilled=False)
+    check = smoke.judge_gpu_case(PA, stale, gpu_run())
+    assert check["status"] == "failed" and "did not land in the NaN-filled memory" in check["detail"]
 
 
 def test_errors_fail_and_the_sliding_window_guard_needs_no_load_line() -> None:
     failed = smoke.judge_gpu_case(PA, {"error": "RuntimeError: invalid argument for fmha_fwd",
-                                       "captured_tail": "[AITER] fail to call hipModuleLoad"})
+                                       "captured_tail": "[AITER] fail to call hipModuleLoad"}, gpu_run())
     assert failed["status"] == "failed" and "fail to call hipModuleLoad" in failed["detail"]
-    assert smoke.judge_gpu_case(WINDOW, child_report())["status"] == "passed"
-    assert smoke.judge_gpu_case(WINDOW, child_report(rel_rms=0.3))["status"] == "wrong"
+    assert smoke.judge_gpu_case(WINDOW, child_report(), gpu_run())["status"] == "passed"
+    assert smoke.judge_gpu_case(WINDOW, child_report(worst_row=0.3), gpu_run())["status"] == "wrong"
 
 
-def test_without_torch_every_gpu_check_is_skipped_never_passed() -> None:
-    checks, device = smoke.gpu_checks(timeout=120)
+def test_without_a_gpu_every_gpu_check_is_skipped_never_passed(tmp_path: Path) -> None:
+    for arch, why in ((None, "the host probe found no GPU"), ("gfx942", "the host probe saw gfx942")):
+        checks, device = smoke.gpu_checks(arch, gpu_run(tmp_path))
+        assert device is None and [check["name"] for check in checks] == [check.name for check in smoke.GPU_CHECKS]
+        assert all(check["status"] == "skipped" and why in check["detail"] for check in checks), checks
+
+
+def test_without_torch_on_a_gfx90a_host_every_gpu_check_fails(tmp_path: Path) -> None:
+    # A real device-probe child of this interpreter, which has no torch: on a gfx90a host that is a failure.
+    checks, device = smoke.gpu_checks("gfx90a", gpu_run(tmp_path))
     assert device is None
-    assert [check["name"] for check in checks] == [check.name for check in smoke.GPU_CHECKS]
     for check in checks:
-        assert check["status"] == "skipped" and check["kind"] == "gpu", check
-        assert check["detail"].startswith("skipped: no gfx90a device (no torch"), check["detail"]
+        assert check["status"] == "failed", check
+        assert check["detail"].startswith("the host probe saw gfx90a but its GPU cannot be used: no torch"), check
 
 
 def test_every_gpu_check_names_a_case_the_child_knows() -> None:

@@ -1,0 +1,311 @@
+"""Which release every patch set serves: real AITER tags and vLLM wheels, each taken through the whole patch cycle.
+
+Each release is laid out as the installed package (only the files the catalog targets, with a RECORD that hashes
+them), cached under ``$CDNA2_CACHE/release-trees``:
+
+- amd-aiter 0.1.7.post2.dev18, the one wheel PyPI serves, from that wheel.
+- AITER from its git history (``$CDNA2_AITER_GIT``, a bare clone of ROCm/aiter): every tag v0.1.16 through
+  v0.1.20.post1 and main's HEAD. The amd-aiter wheel installs repo ``csrc/`` and ``hsa/`` under ``aiter_meta/``
+  (setup.py copies them there) and ``aiter/`` as it is.
+- vLLM from its PyPI wheels (``pip download --no-deps``, the wheelhouse cache), 0.23.0 through 0.33.0.
+
+Per release and set: the required sets with that set (and what it requires) are planned; the cell says patched,
+or refused/declined with the planner's reason. Then every set that patched goes through apply, check, a second
+apply that must change nothing, and revert, which must leave each file matching RECORD.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdna2.cache import cache_root
+from cdna2.host import txn
+from cdna2.host.probe import record_hash
+from cdna2.patches.catalog import Catalog
+from cdna2.patches.planner import PackagePlan, plan_package
+
+DEFAULT_AITER_GIT = "/work/.mirror/ROCm+aiter/repo"
+AITER_FIRST, AITER_LAST = (0, 1, 16), (0, 1, 20)
+AITER_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
+VLLM_RELEASES = ("0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
+                 "0.31.0", "0.32.0", "0.33.0")
+
+
+class SourceMissing(RuntimeError):
+    """A release's source (the AITER git clone, a wheel) is not available here; the message says how to get it."""
+
+
+def aiter_git() -> Path:
+    path = Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
+    if not (path / "HEAD").is_file():
+        raise SourceMissing(f"{path}: no AITER git directory; set CDNA2_AITER_GIT to a (bare) clone of ROCm/aiter")
+    return path
+
+
+def _git(git_dir: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True).stdout
+
+
+def aiter_releases(git_dir: Path) -> list[str]:
+    """Tags v0.1.16 .. v0.1.20.postN in version order, then "main"."""
+    tags = []
+    for tag in _git(git_dir, "tag").decode().split():
+        found = AITER_TAG.match(tag)
+        if found and AITER_FIRST <= tuple(int(part) for part in found.groups()[:3]) <= AITER_LAST:
+            tags.append((tuple(int(part or 0) for part in found.groups()), tag))
+    return [tag for _, tag in sorted(tags)] + ["main"]
+
+
+def aiter_version(git_dir: Path, ref: str) -> str:
+    """The version a build of ``ref`` reports (AITER's version comes from setuptools_scm, default scheme): the tag's,
+    or for a commit N after tag vX.Y.Z the next release's .devN with +g<sha>: main is 0.1.21.dev46+ge4048607a5."""
+    described = _git(git_dir, "describe", "--tags", "--match", "v[0-9]*", "--long", ref).decode().strip()
+    tag, distance, sha = described.rsplit("-", 2)
+    version = tag.removeprefix("v")
+    if distance == "0":
+        return version
+    release = version.split(".post")[0].split(".")
+    release[-1] = str(int(release[-1]) + 1)
+    return f"{'.'.join(release)}.dev{distance}+{sha}"
+
+
+def _key(files: list[str]) -> str:
+    return hashlib.sha256("\n".join(files).encode()).hexdigest()[:12]
+
+
+def _write_dist_info(root: Path, name: str, version: str, files: list[str]) -> None:
+    dist_info = root / f"{name}-{version}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+    rows = []
+    for relative in files + [f"{dist_info.name}/METADATA"]:
+        data = (root / relative).read_bytes()
+        rows.append([relative, record_hash(data), str(len(data))])
+    rows.append([f"{dist_info.name}/RECORD", "", ""])
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(rows)
+    (dist_info / "RECORD").write_text(buffer.getvalue())
+
+
+def _cached(name: str, build) -> Path:
+    """``build(staging)`` once into ``$CDNA2_CACHE/release-trees/<name>``; a finished tree is never rebuilt."""
+    from lab.wheelhouse import cache_lock
+
+    tree = cache_root() / "release-trees" / name
+    with cache_lock("release-trees"):
+        if not (tree / ".complete").exists():
+            staging = tree.with_name(tree.name + ".staging")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            build(staging)
+            (staging / ".complete").touch()
+            shutil.rmtree(tree, ignore_errors=True)
+            staging.rename(tree)
+    return tree
+
+
+def aiter_tree(git_dir: Path, ref: str, files: list[str]) -> Path:
+    """amd-aiter at ``ref`` as the wheel installs it, holding only ``files`` (installed paths) and a RECORD."""
+    version = aiter_version(git_dir, ref)
+
+    def build(staging: Path) -> None:
+        present = []
+        for relative in files:
+            repo_path = relative.removeprefix("aiter_meta/")
+            shown = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{ref}:{repo_path}"],
+                                   capture_output=True)
+            if shown.returncode == 0:
+                (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+                (staging / relative).write_bytes(shown.stdout)
+                present.append(relative)
+        _write_dist_info(staging, "amd_aiter", version, present)
+
+    return _cached(f"amd-aiter-{version}-{_key(files)}", build)
+
+
+def wheel_tree(requirement: str, files: list[str]) -> Path:
+    """``name==version`` from its PyPI wheel: its dist-info (real RECORD) and ``files``, no other file."""
+    from lab import wheelhouse
+
+    def build(staging: Path) -> None:
+        with zipfile.ZipFile(wheelhouse.wheel(requirement)) as archive:
+            names = set(archive.namelist())
+            dist_info = [name for name in names if name.split("/", 1)[0].endswith(".dist-info")]
+            for name in dist_info + [name for name in files if name in names]:
+                archive.extract(name, staging)
+
+    return _cached(f"{requirement.replace('==', '-')}-{_key(files)}", build)
+
+
+@dataclass
+class ReleaseResult:
+    package: str
+    release: str
+    version: str
+    cells: dict[str, str] = field(default_factory=dict)  # set -> "patched" or "refused: ..." / "declined: ..."
+    variants: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    cycle: str = ""  # "ok" or what failed in apply / check / second apply / revert
+
+    def to_json(self) -> dict:
+        return {"package": self.package, "release": self.release, "version": self.version, "sets": self.cells,
+                "variants": self.variants, "notes": self.notes, "cycle": self.cycle}
+
+
+def _probe(catalog: Catalog, package: str, root: Path):
+    from cdna2.patches.cli import probe
+
+    probed = probe(root, catalog, package)
+    if probed is None:
+        raise SourceMissing(f"{root}: {package} is not installed there")
+    return probed
+
+
+def _plan(catalog: Catalog, package: str, root: Path, optional: list[str]) -> PackagePlan:
+    version, files, record = _probe(catalog, package, root)
+    return plan_package(catalog, package, version, files, record, optional)
+
+
+def _with_requirements(catalog: Catalog, name: str) -> list[str]:
+    wanted, pending = [], [name]
+    while pending:
+        current = catalog.by_name(pending.pop())
+        if current.optional and current.name not in wanted:
+            wanted.append(current.name)
+        pending.extend(current.requires)
+    return wanted
+
+
+def _record_pristine(root: Path, tree: Path) -> list[str]:
+    """Files of ``tree`` (the subset the release tree holds) that are missing under ``root`` or differ from RECORD,
+    and files under ``root`` RECORD does not list."""
+    dist_info = next(root.glob("*.dist-info"))
+    rows = {row[0]: row[1] for row in csv.reader((dist_info / "RECORD").read_text().splitlines()) if row}
+    problems = [path for path, hash_field in rows.items() if hash_field and (tree / path).is_file()
+                and (not (root / path).is_file() or record_hash((root / path).read_bytes()) != hash_field)]
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if path.is_file() and relative not in rows and relative != ".complete":
+            problems.append(f"{relative} (not in RECORD)")
+    return problems
+
+
+def _cycle(catalog: Catalog, package: str, tree: Path, sets: list[str]) -> str:
+    """Apply, check, apply again, revert on a copy of ``tree``; "ok" or the first step that failed."""
+    from cdna2.patches.cli import apply_in_place
+
+    with tempfile.TemporaryDirectory(prefix="cdna2-coverage-") as scratch:
+        root = Path(scratch) / "site-packages"
+        shutil.copytree(tree, root)
+        state = Path(scratch) / "state"
+        plan = _plan(catalog, package, root, sets)
+        if plan.status != "apply":
+            return f"plan: {plan.status}: {' / '.join(plan.reasons)}"
+        result = apply_in_place(root, plan, state)
+        if not result["ok"]:
+            return f"apply: {result.get('error')}"
+        check = _plan(catalog, package, root, sets)
+        if check.status != "patched" or check.changes:
+            return f"check: {check.status}: {' / '.join(check.reasons)}"
+        txn.revert(state, root)
+        left = _record_pristine(root, tree)
+        if left:
+            return f"revert: not RECORD-pristine: {', '.join(left)}"
+        if state.exists() and any(state.iterdir()):
+            return f"revert: left {', '.join(p.name for p in state.iterdir())} in the state directory"
+    return "ok"
+
+
+def release_result(catalog: Catalog, package: str, release: str, tree: Path) -> ReleaseResult:
+    version = _probe(catalog, package, tree)[0]
+    result = ReleaseResult(package, release, version)
+    required = [patch_set.name for patch_set in catalog.sets_for(package) if not patch_set.optional]
+    base = _plan(catalog, package, tree, [])
+    for name in required:
+        result.cells[name] = "patched" if base.status == "apply" else f"refused: {' / '.join(base.reasons)}"
+    result.variants.update(base.variants)
+    result.notes.extend(base.notes)
+    applicable = []
+    for patch_set in catalog.sets_for(package):
+        if not patch_set.optional:
+            continue
+        plan = _plan(catalog, package, tree, _with_requirements(catalog, patch_set.name))
+        if patch_set.name in plan.declined:
+            result.cells[patch_set.name] = f"declined: {plan.declined[patch_set.name]}"
+        elif plan.status == "apply":
+            result.cells[patch_set.name] = "patched"
+            result.variants[patch_set.name] = plan.variants[patch_set.name]
+            result.notes.extend(note for note in plan.notes if note not in result.notes)
+            applicable.append(patch_set.name)
+        else:
+            result.cells[patch_set.name] = f"refused: {' / '.join(plan.reasons)}"
+    result.cycle = _cycle(catalog, package, tree, applicable) if base.status == "apply" else "not run: refused"
+    return result
+
+
+def release_trees(catalog: Catalog) -> list[tuple[str, str, Path]]:
+    """(package, release, tree) for every release of the coverage matrix, AITER first."""
+    from lab.wheelhouse import AITER  # the only amd-aiter wheel PyPI serves
+
+    git_dir = aiter_git()
+    aiter_files, vllm_files = catalog.target_files("amd-aiter"), catalog.target_files("vllm")
+    trees = [("amd-aiter", f"{AITER.partition('==')[2]} (wheel)", wheel_tree(AITER, aiter_files))]
+    trees += [("amd-aiter", ref, aiter_tree(git_dir, ref, aiter_files)) for ref in aiter_releases(git_dir)]
+    trees += [("vllm", version, wheel_tree(f"vllm=={version}", vllm_files)) for version in VLLM_RELEASES]
+    return trees
+
+
+def _cell(row: ReleaseResult, name: str) -> str:
+    status = row.cells[name].split(":")[0]
+    return f"{status} ({row.variants[name]})" if status == "patched" else status
+
+
+def table(results: list[ReleaseResult], catalog: Catalog) -> str:
+    """One block per package: a row per release, a column per set (patched with the variant, declined, refused),
+    then the reasons and notes, wrapped to 118 columns."""
+    out = []
+    for package in catalog.packages():
+        rows = [result for result in results if result.package == package]
+        if not rows:
+            continue
+        names = [patch_set.name for patch_set in catalog.sets_for(package)]
+        header = ["release", *names, "cycle"]
+        body = [[row.release, *[_cell(row, name) for name in names], "ok" if row.cycle == "ok" else "FAILED"]
+                for row in rows]
+        widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
+        out.append(f"{package}:")
+        out.extend("  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
+                   for line in [header, *body])
+        remarks = [f"{row.release} is version {row.version}" for row in rows
+                   if not row.release.removeprefix("v").startswith(row.version)]
+        for row in rows:
+            remarks.extend(f"{row.release} {name}: {row.cells[name].split(': ', 1)[1]}" for name in names
+                           if row.cells[name] != "patched")
+            remarks.extend(f"{row.release}: {note}" for note in row.notes)
+            if row.cycle != "ok":
+                remarks.append(f"{row.release}: cycle {row.cycle}")
+        out.extend(textwrap.fill(remark, width=118, initial_indent="  - ", subsequent_indent="    ",
+                                 break_on_hyphens=False)
+                   for remark in remarks)
+        out.append("")
+    return "\n".join(out)
+
+
+def to_json(results: list[ReleaseResult]) -> str:
+    return json.dumps({"releases": [result.to_json() for result in results]}, indent=1, sort_keys=True)
+
+
+__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_releases", "aiter_tree", "release_result",
+           "release_trees", "table", "to_json", "wheel_tree", "VLLM_RELEASES"]

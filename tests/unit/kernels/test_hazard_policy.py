@@ -1,0 +1,106 @@
+"""kernel_hazard_policy: validated host data, applied by the translation, recorded, and checked by verify."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+from cdna2.drift import find_drift
+from cdna2.hostdata import problems_for, schema
+from cdna2.kernels import TranslationError, hazards, translate_tree
+from cdna2.plan import deployed_record
+from cdna2.translated import TranslatedTree
+from tests.unit.kernels.conftest import BF16_MFMA
+
+ROOT = Path(__file__).resolve().parents[3]
+READ_RESULT = "v_add_f32_e32 v8, v1, v9"  # VALU read of the MFMA's result (BF16_MFMA writes a[0:3]: use the AGPR)
+READ_ACC = "v_accvgpr_read_b32 v8, a1"
+MANIFEST = ("knl_name,knl_file\n_ZN5aiter5cleanE,clean.co\n_ZN5aiter6branchE,branch.co\n"
+            "_ZN5aiter8straightE,straight.co\n")
+
+
+@pytest.fixture
+def verdict_tree(tmp_path, build_code_object) -> Path:
+    """Three portable kernels: clean, short only across a branch, short in straight-line code (on gfx90a)."""
+    src = tmp_path / "gfx942"
+    build_code_object(src / "fam" / "clean.co", BF16_MFMA, "s_nop 7", "s_nop 2", READ_ACC)
+    # the branch skips 9 wait states: 1 on the taken path (short), 11 on the fall-through
+    build_code_object(src / "fam" / "branch.co", BF16_MFMA, "s_cbranch_scc1 2", "s_nop 7", "s_nop 0", READ_ACC)
+    build_code_object(src / "fam" / "straight.co", BF16_MFMA, "s_nop 6", READ_ACC)  # 7 wait states: gfx942's rule
+    (src / "fam" / "kernels.csv").write_text(MANIFEST)
+    return src
+
+
+@pytest.mark.parametrize("policy, written, withheld", [
+    ("default", ["branch.co", "clean.co"], ["straight.co"]),
+    ("strict", ["clean.co"], ["branch.co", "straight.co"]),
+    ("permissive", ["branch.co", "clean.co", "straight.co"], []),
+])
+def test_translation_installs_what_the_policy_admits(verdict_tree, tmp_path, policy, written, withheld):
+    dst = tmp_path / "out"
+    report = translate_tree(verdict_tree, dst, jobs=1, hazard_policy=policy)
+    verdicts = {Path(r).name: e["hazards"]["verdict"] for r, e in report["kernels"].items()}
+    assert verdicts == {"clean.co": "clean", "branch.co": "short-across-branches",
+                        "straight.co": "short-straight-line"}
+    assert sorted(p.name for p in dst.rglob("*.co")) == written
+    assert [Path(r).name for r in report["hazards"]["withheld"]] == withheld
+    rows = (dst / "fam" / "kernels.csv").read_text()
+    assert all((name in rows) == (name in written) for name in verdicts), "manifest rows of withheld kernels pruned"
+    assert report["hazards"]["policy"] == policy
+    for name in withheld:
+        reason = report["kernels"][f"fam/{name}"]["reason"]
+        assert f"kernel_hazard_policy {policy} does not install it" in reason
+    straight = report["kernels"]["fam/straight.co"]["hazards"]["worst"]
+    assert (straight["present"], straight["needed"], straight["gfx942_needed"], straight["short_on_gfx942"]) == (
+        7, 11, 7, False)
+    says_permissive = any("kernel_hazard_policy permissive" in text for text in report["limitations"])
+    assert says_permissive == (policy == "permissive")
+
+
+def test_unknown_policy_is_refused_before_anything_is_written(verdict_tree, tmp_path):
+    with pytest.raises(TranslationError, match="unknown kernel hazard policy 'lenient': use one of default, strict"):
+        translate_tree(verdict_tree, tmp_path / "out", hazard_policy="lenient")
+    assert not (tmp_path / "out").exists()
+
+
+def test_policy_is_validated_host_data_with_a_documented_default():
+    assert schema()["properties"]["kernel_hazard_policy"]["enum"] == list(hazards.POLICIES)
+    defaults = runpy.run_path(str(ROOT / "group_data/all.py"))
+    assert defaults["kernel_hazard_policy"] == hazards.DEFAULT_POLICY
+    assert "`kernel_hazard_policy`" in (ROOT / "README.md").read_text()
+    assert problems_for("mi210-a", {"kernel_hazard_policy": "strict"}) == []
+    (problem,) = problems_for("mi210-a", {"kernel_hazard_policy": "lenient"})
+    assert "host mi210-a: data key `kernel_hazard_policy`" in str(problem)
+
+
+def provisioned_probe(deployed: dict) -> dict:
+    return {"state": {"deployed": deployed}, "distributions": {}, "aiter": {"gfx90a_digest": deployed["kernels"]},
+            "backups": {}, "record_check": {}}
+
+
+def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
+    made = {"policy": "default", "audit_version": hazards.AUDIT_VERSION}
+    deployed = deployed_record({"distributions": {}}, [], "d" * 64, {}, made)
+    assert deployed["kernel_hazards"] == made
+    assert find_drift(provisioned_probe(deployed), {}, made) == []
+    (drift,) = find_drift(provisioned_probe(deployed), {}, dict(made, policy="strict"))
+    assert drift == (f"kernels made under kernel_hazard_policy default, audit {hazards.AUDIT_VERSION}; now "
+                     f"kernel_hazard_policy strict, audit {hazards.AUDIT_VERSION}: run the deploy to install the "
+                     "tree these give")
+    (drift,) = find_drift(provisioned_probe(deployed), {}, dict(made, audit_version="0"))
+    assert "now kernel_hazard_policy default, audit 0" in drift
+    older = deployed_record({"distributions": {}}, [], "d" * 64, {})
+    (drift,) = find_drift(provisioned_probe(older), {}, made)
+    assert drift.startswith("kernels made under a deploy without the MFMA wait-state audit")
+
+
+def test_deploy_report_text_names_the_verdicts_and_the_policy(tmp_path):
+    tree = TranslatedTree(source_digest="s", digest="d", archive=tmp_path / "a.tar.gz", archive_sha256="x",
+                          kernels=165, tree_bytes=1, adaptations=(), invalidates=(), hazard_policy="default",
+                          hazard_audit_version="1", withheld=13,
+                          hazard_verdicts={"clean": 108, "short-across-branches": 57, "short-straight-line": 13,
+                                           "unaudited": 0})
+    assert tree.hazard_summary() == ("kernel_hazard_policy default (MFMA wait-state audit 1): 108 clean, "
+                                     "57 short-across-branches, 13 short-straight-line, 0 unaudited; 13 withheld")

@@ -1,0 +1,145 @@
+"""TEST DOUBLE of AITER (amd-aiter), installed as the fixture host's ``aiter`` package: no MI210 and no ROCm exist
+here, so the ASM kernels cannot run. It computes what AITER documents, on CPU torch, and prints load lines as
+AITER's loader does, so the smoke test's GPU half runs end to end.
+
+What it keeps from amd-aiter 0.1.7.post2.dev18 (read from the wheel): the signatures of ``flash_attn_func``,
+``flash_attn_varlen_func`` and ``pa_fwd_asm``; ``AITER_ASM_DIR`` set at import to ``<aiter_meta>/hsa/gfx90a/``
+(``aiter/jit/core.py``); batched calls with seqlen_q <= 128 going to CK (no load line); sliding-window calls
+going to CK; the load line ``[aiter] hipModuleLoad: <AITER_ASM_DIR><co> GetFunction: <symbol>`` written to fd 1
+once per process per code object (``AiterAsmKernel`` in ``aiter_hip_common.h``); a JIT build's lock taken with
+``os.open(O_CREAT|O_EXCL)`` and held open (``FileBaton``). The arithmetic follows the kernels' rounding points:
+fp32 scores and accumulation, softmax weights rounded to bf16 before they multiply V, a bf16 output.
+
+``CDNA2_AITER_DOUBLE`` (JSON) makes calls misbehave the ways a broken port does:
+``{"faults": {"<entry>:<causal|full>:<seqlen_q>": FAULT}}`` (``pa_fwd_asm:full:1`` for the decode call), FAULT
+being ``zero_rows`` (rows 256-511 of head 0 of the first sequence zeroed), ``drop_last_keys`` (the last 64 keys of
+every sequence ignored), ``five_percent`` (every output 5% off), ``fallback`` (correct, but no load line: a
+fallback computed it) or ``hang`` (in a ``smoke_gpu run`` process: take a JIT lock, start a "compiler"
+grandchild, never return).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+AITER_META_DIR = os.path.abspath(os.path.join(_HERE, "..", "aiter_meta"))
+AITER_ASM_DIR = f"{AITER_META_DIR}/hsa/gfx90a/"
+os.environ["AITER_ASM_DIR"] = AITER_ASM_DIR
+JIT_BUILD_DIR = os.path.join(_HERE, "jit", "build")
+_BEHAVIOUR = json.loads(os.environ.get("CDNA2_AITER_DOUBLE", "{}"))
+_LOADED = set()
+
+
+def _load(code_object, symbol, fault):
+    if fault == "fallback" or code_object in _LOADED:
+        return
+    _LOADED.add(code_object)
+    os.write(1, f"[aiter] hipModuleLoad: {AITER_ASM_DIR}{code_object} GetFunction: {symbol} Success\n".encode())
+
+
+def _hang_if_asked(fault):
+    if fault != "hang" or sys.argv[1:2] != ["run"]:
+        return
+    os.makedirs(JIT_BUILD_DIR, exist_ok=True)
+    os.open(os.path.join(JIT_BUILD_DIR, "lock_module_fmha_v3_fwd"), os.O_CREAT | os.O_EXCL)  # held, never released
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # the build's compiler
+    time.sleep(3600)
+
+
+def _fault(entry, causal, seqlen):
+    return _BEHAVIOUR.get("faults", {}).get(f"{entry}:{'causal' if causal else 'full'}:{seqlen}")
+
+
+def _in_sequence(fault, sequence):
+    """The fault as it applies to the ``sequence``-th sequence of a call (rows are zeroed in the first only)."""
+    return None if fault == "zero_rows" and sequence > 0 else fault
+
+
+def _attention(q, k, v, causal, window, scale, fault):
+    """One sequence: q ``[seq_q, heads_q, dim]``, k and v ``[seq_k, heads_kv, dim]``; bf16 ``[seq_q, heads_q, dim]``."""
+    group = q.shape[1] // k.shape[1]
+    q32 = q.float().transpose(0, 1)
+    k32 = k.float().transpose(0, 1).repeat_interleave(group, dim=0)
+    v32 = v.float().transpose(0, 1).repeat_interleave(group, dim=0)
+    scores = q32 @ k32.transpose(1, 2) * scale
+    rows = torch.arange(q.shape[0])[:, None] + (k.shape[0] - q.shape[0])  # causal: aligned bottom right
+    keys = torch.arange(k.shape[0])[None, :]
+    keep = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool)
+    if causal:
+        keep &= keys <= rows
+    if window is not None:
+        keep &= keys > rows - 1 - window
+    if fault == "drop_last_keys":
+        keep &= keys < k.shape[0] - 64
+    scores = scores.masked_fill(~keep, -math.inf)
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    out = (weights.to(torch.bfloat16).float() @ v32) / weights.sum(dim=-1, keepdim=True)
+    out = out.transpose(0, 1)
+    if fault == "zero_rows":
+        out[256:512, 0] = 0.0
+    if fault == "five_percent":
+        out = out * 1.05
+    return out.to(torch.bfloat16)
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), bias=None,
+                    alibi_slopes=None, deterministic=True, return_lse=False, return_attn_probs=False,
+                    how_v3_bf16_cvt=1, cu_seqlens_q=None, cu_seqlens_kv=None):
+    fault = _fault("flash_attn_func", causal, q.shape[1])
+    _hang_if_asked(fault)
+    scale = softmax_scale or q.shape[-1] ** -0.5
+    if q.shape[1] > 128:
+        _load(f"fmha_v3_fwd/MI300/fwd_hd128_bf16{'_causal' if causal else ''}_rtna.co",
+              f"_ZN5aiter{'fmha_fwd_hd128_bf16' + ('_causal' if causal else '') + '_rtna'}E", fault)
+    out = torch.empty_like(q)  # AITER's C++ allocates its output: torch::empty, the caching allocator
+    for index in range(q.shape[0]):
+        out[index] = _attention(q[index], k[index], v[index], causal, None, scale, _in_sequence(fault, index))
+    return out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, min_seqlen_q=0,
+                           dropout_p=0.0, softmax_scale=None, logits_soft_cap=0.0, causal=False,
+                           window_size=(-1, -1), bias=None, alibi_slopes=None, deterministic=False, return_lse=False,
+                           return_attn_probs=False, how_v3_bf16_cvt=1, block_table=None, out=None,
+                           cu_seqlens_q_padded=None, cu_seqlens_k_padded=None):
+    fault = _fault("flash_attn_varlen_func", causal, max_seqlen_q)
+    _hang_if_asked(fault)
+    scale = softmax_scale or q.shape[-1] ** -0.5
+    left = window_size[0] if window_size[0] < max_seqlen_k else -1
+    sliding = left > 0
+    if not sliding:
+        _load(f"fmha_v3_fwd/MI300/fwd_hd128_bf16{'_causal' if causal else ''}_rtna_group.co",
+              f"_ZN5aiter{'fmha_fwd_hd128_bf16' + ('_causal' if causal else '') + '_rtna_group'}E", fault)
+    if out is None:
+        out = torch.empty_like(q)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for index in range(len(starts_q) - 1):
+        rows, keys = slice(starts_q[index], starts_q[index + 1]), slice(starts_k[index], starts_k[index + 1])
+        out[rows] = _attention(q[rows], k[keys], v[keys], causal, left if sliding else None, scale,
+                               _in_sequence(fault, index))
+    return out
+
+
+def pa_fwd_asm(Q, K, V, block_tables, context_lens, block_tables_stride0, max_qlen=1, K_QScale=None, V_QScale=None,
+               out_=None, qo_indptr=None, high_precision=1, kernelName=None):
+    fault = _fault("pa_fwd_asm", False, max_qlen)
+    _hang_if_asked(fault)
+    blocks, heads_kv, _, block, x = K.shape
+    dim = Q.shape[-1]
+    _load(f"pa/pa_bf16_noquant_gqa{Q.shape[1] // heads_kv}_1tg_4w.co", "_ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE",
+          fault)
+    keys = K.permute(0, 1, 3, 2, 4).reshape(blocks, heads_kv, block, dim)  # from [blocks, kv, dim/x, block, x]
+    values = V.permute(0, 1, 2, 4, 3).reshape(blocks, heads_kv, block, dim)  # from [blocks, kv, block/x, dim, x]
+    out = out_ if out_ is not None else torch.empty_like(Q)
+    for seq, length in enumerate(context_lens.tolist()):
+        table = block_tables[seq].long()
+        seq_keys = keys[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
+        seq_values = values[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
+        out[seq] = _attention(Q[seq][None], seq_keys, seq_values, False, None, dim ** -0.5, None)[0]
+    return out

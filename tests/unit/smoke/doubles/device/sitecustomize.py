@@ -1,0 +1,118 @@
+"""TEST DOUBLE of the GPU: CPU torch presented as one MI210, because no MI210 (and no ROCm torch) exists here.
+
+Loaded by every interpreter of the smoke tests' target environment (this directory is on its path through a .pth
+file, so ``python -I`` children load it too), active only when ``CDNA2_DEVICE_DOUBLE`` is set. Nothing is changed
+until torch is imported; then:
+
+- ``gfx90a``: torch reports a ROCm build (``torch.version.hip``) with one device, "AMD Instinct MI210 (device
+  double: CPU)", gcnArchName ``gfx90a:sramecc+:xnack-``, 104 CUs. Tensors asked for on ``cuda`` live in CPU
+  memory, ``synchronize`` returns at once, and large allocations (``empty``, ``empty_like``, ``full``) reuse freed
+  blocks of the same size, as HIP's caching allocator does (the smoke test's NaN prefill relies on that);
+- ``crash``: as ``gfx90a``, but asking for the device's properties kills the process with SIGSEGV (a broken HIP
+  runtime or driver); ``hang``: asking for them never returns (a wedged driver);
+- ``none``: a ROCm build that sees no GPU (``/dev/kfd`` not accessible, ``HIP_VISIBLE_DEVICES`` empty).
+
+Not modelled: the device's own arithmetic (everything computes on the CPU), streams, real memory limits.
+"""
+
+import os
+import signal
+import sys
+import time
+import weakref
+from importlib.abc import MetaPathFinder
+from importlib.machinery import PathFinder
+from types import SimpleNamespace
+
+MODE = os.environ.get("CDNA2_DEVICE_DOUBLE")
+POOLED_BYTES = 1 << 20  # HIP's caching allocator keeps blocks of 1 MiB and more in its large pool
+
+
+class _CachingPool:
+    """Freed device blocks by size, handed out again to the next allocation of that size."""
+
+    def __init__(self):
+        self.free = {}
+
+    def give(self, torch, storage):
+        # The dying tensor may still count (finalizers run as its Python object goes) and so does ``storage``: any
+        # more is a view of it that still uses the memory.
+        if torch._C._storage_Use_Count(storage._cdata) <= 2:
+            self.free.setdefault(storage.nbytes(), []).append(storage)
+
+    def take(self, nbytes):
+        blocks = self.free.get(nbytes)
+        return blocks.pop() if blocks else None
+
+
+def _install(torch):
+    from torch.overrides import TorchFunctionMode
+
+    torch.version.hip = "6.4.43484-device-double"
+    if MODE == "none":
+        torch.cuda.is_available = lambda: False
+        torch.cuda.device_count = lambda: 0
+        return
+
+    def properties(device=0):
+        if MODE == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        while MODE == "hang":
+            time.sleep(60)
+        return SimpleNamespace(name="AMD Instinct MI210 (device double: CPU)", gcnArchName="gfx90a:sramecc+:xnack-",
+                               multi_processor_count=104)
+
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.get_device_properties = properties
+    torch.cuda.synchronize = lambda device=None: None
+    pool = _CachingPool()
+    allocators = {torch.empty, torch.empty_like, torch.full}
+
+    def on_device(value):
+        return value is not None and str(value).startswith("cuda")
+
+    class DeviceIsHostMemory(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            if on_device(kwargs.get("device")):
+                kwargs["device"] = "cpu"
+            if func in (torch.Tensor.cuda,) or (func is torch.Tensor.to and len(args) > 1 and on_device(args[1])):
+                return args[0]
+            tensor = func(*args, **kwargs)
+            if func not in allocators or not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
+                return tensor
+            nbytes = tensor.untyped_storage().nbytes()
+            if nbytes < POOLED_BYTES:
+                return tensor
+            reused = pool.take(nbytes)
+            if reused is not None:
+                tensor = torch.empty(0, dtype=tensor.dtype).set_(reused, 0, tensor.shape, tensor.stride())
+                if func is torch.full:
+                    tensor.fill_(args[1] if len(args) > 1 else kwargs["fill_value"])
+            weakref.finalize(tensor, pool.give, torch, tensor.untyped_storage())
+            return tensor
+
+    DeviceIsHostMemory().__enter__()
+
+
+class _AfterTorchImport(MetaPathFinder):
+    """Finds torch as usual and installs the double once its module has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = PathFinder.find_spec(name, path)
+        run_module = spec.loader.exec_module
+
+        def exec_module(module):
+            run_module(module)
+            _install(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if MODE:
+    sys.meta_path.insert(0, _AfterTorchImport())

@@ -1,0 +1,199 @@
+"""The smoke test's GPU half end to end, through the real smoke command and its real child processes.
+
+Only what cannot exist here is a test double: AITER (``doubles/aiter``, installed as the fixture host's aiter
+package; it computes the documented semantics on CPU torch and prints AITER's load lines) and the MI210
+(``doubles/device/sitecustomize.py``: CPU torch presented as one gfx90a device). Everything else is real: the
+smoke command and its GPU children, their process groups, the pass rule, the load-line proof, the JIT locks.
+torch is the real CPU build from the machine's pip configuration, cached as a wheelhouse tree.
+
+What stays unproven without an MI210: that AITER's real kernels and loaders behave as the double does (load lines
+as printed by AITER's C++ on the device, AITER's batched output landing in the caching allocator's freed
+NaN-filled blocks, the error figures of the real kernels against this pass rule), and the timings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cdna2.host import smoke, smoke_gpu
+from lab import wheelhouse
+from tests.unit.operations.test_smoke_operation import recorded, run_smoke_op
+from tests.unit.smoke.conftest import (GFX90A, Host, code_object, make_agent, make_target_python,
+                                       provisioned_host, run_smoke_command, statuses)
+
+DOUBLES = Path(__file__).resolve().parent / "doubles"
+KERNELS = {f"fmha_v3_fwd/MI300/{name}.co": code_object(GFX90A, name)
+           for name in ("fwd_hd128_bf16_rtna", "fwd_hd128_bf16_causal_rtna", "fwd_hd128_bf16_causal_rtna_group")}
+GPU_NAMES = [check.name for check in smoke.GPU_CHECKS]
+pytestmark = pytest.mark.slow  # each smoke run starts about ten interpreters that import torch
+
+
+class Lab:
+    """One provisioned host whose aiter is the AITER double, a target venv that reaches it, torch and the device
+    double, and the agent; shared by the tests of this module (none leaves the host changed)."""
+
+    def __init__(self, root: Path) -> None:
+        self.host: Host = provisioned_host(root, (DOUBLES / "aiter" / "__init__.py").read_bytes(), KERNELS)
+        self.python = make_target_python(root / "venv", [
+            self.host.site, wheelhouse.installed_tree(wheelhouse.TORCH_CPU, with_deps=True),
+            wheelhouse.installed_tree(wheelhouse.TRITON_PINNED), DOUBLES / "device"])
+        self.agent = make_agent(root / "agent")
+        self.home = root / "home"
+        self.home.mkdir()
+
+    def smoke(self, *options: str, device: str = "gfx90a", aiter: dict | None = None,
+              host_arch: str = "gfx90a") -> tuple[int, dict]:
+        """The smoke command from a home directory, with the device double in ``device`` mode."""
+        env = {"CDNA2_DEVICE_DOUBLE": device, "CDNA2_AITER_DOUBLE": json.dumps(aiter or {})}
+        code, report, _ = run_smoke_command(self.python, self.agent, self.host, "--host-arch", host_arch, *options,
+                                            env=env, cwd=self.home)
+        return code, report
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Lab:
+    return Lab(tmp_path_factory.mktemp("gpu-doubles"))
+
+
+def gpu(report: dict) -> dict[str, dict]:
+    return {check["name"]: check for check in report["checks"] if check["kind"] == "gpu"}
+
+
+@pytest.fixture(scope="module")
+def correct_run(lab: Lab) -> tuple[int, dict]:
+    """Correct output from the ASM kernels, with an aiter/ that would shadow the installed one in the smoke
+    command's working directory (a home directory) and in the state directory (the GPU children's)."""
+    shadows = [lab.home / "aiter", lab.host.state_dir / "aiter"]
+    for shadow in shadows:
+        shadow.mkdir()
+        (shadow / "__init__.py").write_text("raise SystemExit('the shadowing aiter was imported')\n")
+    try:
+        return lab.smoke()
+    finally:
+        for shadow in shadows:
+            (shadow / "__init__.py").unlink()
+            shadow.rmdir()
+
+
+FAULTS = {"flash_attn_func:causal:512": "zero_rows",  # rows 256-511 of one head set to zero
+          "flash_attn_func:causal:1000": "drop_last_keys",  # the last 64 keys ignored
+          "flash_attn_func:full:512": "five_percent",  # every output 5% off, not causal
+          "flash_attn_varlen_func:causal:383": "five_percent",  # and causal
+          "pa_fwd_asm:full:1": "fallback",  # correct, computed without loading a code object
+          "flash_attn_varlen_func:causal:1000": "hang"}  # the sliding-window case holds a JIT lock and hangs
+HANG_LIMIT = 90  # seconds: a case that does not hang finishes well within it, even on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def faulty_run(lab: Lab) -> tuple[int, dict, float]:
+    """One run in which every case but one misbehaves in its own way (FAULTS), and its time."""
+    started = time.monotonic()
+    code, report = lab.smoke("--case-timeout", str(HANG_LIMIT), aiter={"faults": FAULTS})
+    return code, report, time.monotonic() - started
+
+
+def test_correct_output_from_the_asm_kernels_passes_every_gpu_check(correct_run) -> None:
+    code, report = correct_run
+    assert code == 0, json.dumps(report, indent=1)
+    checks = gpu(report)
+    assert {name: check["status"] for name, check in checks.items()} == dict.fromkeys(GPU_NAMES, "passed")
+    assert statuses(report)["import_aiter"] == "passed"
+    assert report["device"]["arch"].startswith("gfx90a") and report["host_arch"] == "gfx90a"
+    assert "hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16_causal_rtna_group.co" in \
+        checks["fmha_v3_fwd_varlen_group"]["detail"]
+    for name, check in checks.items():
+        worst = float(check["detail"].split("worst row ")[1].split(",")[0])
+        assert worst < smoke_gpu.ROW_REL_RMS_LIMIT / 2, f"{name}: correct output needs margin: {check['detail']}"
+        assert " 0 of " in check["detail"], f"{name}: every element within its bound: {check['detail']}"
+
+
+def test_a_shadowing_aiter_in_the_working_directories_is_not_imported(correct_run) -> None:
+    code, report = correct_run
+    assert code == 0, "the shadowing aiter/ raises SystemExit on import: every GPU child would have failed"
+    assert all(check["status"] == "passed" for check in gpu(report).values())
+
+
+def test_the_four_wrong_outputs_are_wrong(faulty_run) -> None:
+    code, report, _ = faulty_run
+    assert code == 1
+    checks = gpu(report)
+    for name in ("fmha_v3_fwd_bf16_hd128", "fmha_v3_fwd_bf16_hd128_causal", "fmha_v3_fwd_bf16_hd128_partial_tile",
+                 "fmha_v3_fwd_varlen_group"):
+        assert checks[name]["status"] == "wrong" and checks[name]["detail"].startswith("WRONG:"), checks[name]
+    assert "elements outside the bound" in checks["fmha_v3_fwd_bf16_hd128_causal"]["detail"]
+
+
+def test_a_correct_result_without_a_load_line_is_a_fallback_and_fails(faulty_run) -> None:
+    check = gpu(faulty_run[1])["pa_fwd_asm_bf16_block16_gqa8"]
+    assert check["status"] == "failed", check
+    assert "a fallback computed it (no load line at all)" in check["detail"], check
+
+
+def test_a_hung_case_is_killed_with_its_grandchildren_and_leaves_no_lock(lab: Lab, faulty_run) -> None:
+    _, report, elapsed = faulty_run
+    assert elapsed < 900
+    hung = gpu(report)["sliding_window_attention"]
+    lock = lab.host.site / "aiter" / "jit" / "build" / "lock_module_fmha_v3_fwd"
+    assert hung["status"] == "failed" and f"timed out after {HANG_LIMIT} s" in hung["detail"], hung
+    assert "killed its process group (2 processes" in hung["detail"], hung
+    assert f"removed the JIT locks it held: {lock}" in hung["detail"], hung
+    assert not lock.exists(), "the lock the killed build held is gone"
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs_hang(pid)]
+    assert not leftovers, f"processes of the hung case are still running: {leftovers}"
+
+
+def _runs_hang(pid: str) -> bool:
+    try:
+        return b"time.sleep(3600)" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def crashed_run(lab: Lab) -> tuple[int, dict]:
+    """The device probe dies with SIGSEGV on a host the probe saw as gfx90a."""
+    return lab.smoke(device="crash")
+
+
+@pytest.mark.parametrize("device, reason", [
+    ("crash", "ended with SIGSEGV (exit 139) and no report"),
+    ("none", "no device (torch"),
+])
+def test_an_unusable_device_on_a_gfx90a_host_fails_every_gpu_check(lab: Lab, crashed_run, device: str,
+                                                                   reason: str) -> None:
+    code, report = crashed_run if device == "crash" else lab.smoke(device=device)
+    assert code == 1
+    for check in gpu(report).values():
+        assert check["status"] == "failed", check
+        assert check["detail"].startswith("the host probe saw gfx90a but its GPU cannot be used: "), check
+        assert reason in check["detail"], check
+
+
+def test_a_hung_device_probe_on_a_gfx90a_host_is_killed_and_fails_every_gpu_check(lab: Lab) -> None:
+    code, report = lab.smoke("--device-timeout", "20", device="hang")
+    assert code == 1
+    for check in gpu(report).values():
+        assert check["status"] == "failed", check
+        assert "its GPU cannot be used: timed out after 20 s; killed its process group" in check["detail"], check
+
+
+def test_a_crashing_device_probe_gets_no_recorded_pass(crashed_run) -> None:
+    # The deploy's smoke operation, on a pyinfra @fake host that answers with what the smoke command printed.
+    state, host, report = run_smoke_op(json.dumps(crashed_run[1]), host_arch="gfx90a")
+    assert host in state.failed_hosts
+    assert recorded(host) == [], "no pass may be recorded"
+    assert report.host("@fake/a").steps["smoke"].status == "failed"
+
+
+def test_gpu_checks_are_skipped_only_without_a_gpu_or_when_turned_off(lab: Lab) -> None:
+    code, report = lab.smoke(host_arch="none", device="none")
+    assert code == 0 and {check["status"] for check in gpu(report).values()} == {"skipped"}
+    assert all(check["detail"] == "skipped: the host probe found no GPU" for check in gpu(report).values())
+    code, report = lab.smoke("--no-gpu-checks", device="none")
+    assert code == 0 and report["gpu_checks"] is False
+    assert all("GPU checks are off for this host" in check["detail"] for check in gpu(report).values())
