@@ -80,7 +80,7 @@ class ReleaseGates:
     patch_status: str  # the plan's status with every accepted set: "apply", or why nothing could be patched
     applied_sets: list[str] = field(default_factory=list)
     variants: dict[str, str] = field(default_factory=dict)
-    refused_sets: dict[str, str] = field(default_factory=dict)  # optional set -> the planner's reason
+    refused_sets: dict[str, str] = field(default_factory=dict)  # optional set -> why the planner left it out
     answers: dict[str, dict] = field(default_factory=dict)  # "stock"/"patched" -> arch -> runner outcome
     failures: list[str] = field(default_factory=list)
 
@@ -191,7 +191,7 @@ def render(releases: list[ReleaseGates]) -> str:
     for release in releases:
         sets = ", ".join(f"{name} ({release.variants.get(name, '?')})" for name in release.applied_sets)
         lines.append(f"vLLM {release.version}: {release.verdict}" + (f"; patched with {sets}" if sets else ""))
-        lines += [f"  refused optional set {name}: {reason.splitlines()[0]}"
+        lines += [f"  optional set {name} not applied: {reason.splitlines()[0]}"
                   for name, reason in release.refused_sets.items()]
         lines += [f"  {failure}" for failure in release.failures]
     return "\n".join(lines)
@@ -226,6 +226,7 @@ def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: 
     if plan.status != "apply":
         return False
     release.applied_sets, release.variants = plan.sets, plan.variants
+    release.refused_sets.update(plan.declined)  # an optional set whose feature upstream removed
     result = apply_in_place(root, plan, backup_dir)
     if not result["ok"]:
         release.patch_status = f"apply failed: {result.get('error')}"
