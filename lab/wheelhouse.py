@@ -90,3 +90,18 @@ def installed_tree(requirement: str, *, with_deps: bool = False) -> Path:
             shutil.rmtree(tree, ignore_errors=True)
             staging.rename(tree)
     return tree
+
+
+def copy_subset(tree: Path, relatives, destination: Path) -> Path:
+    """Copy ``tree``'s dist-info directories and those of ``relatives`` that exist, with their real bytes.
+
+    Whole installed trees are 0.2-1 GB; the patch engine reads and writes only its target files and RECORD.
+    """
+    for dist_info in tree.glob("*.dist-info"):
+        shutil.copytree(dist_info, destination / dist_info.name)
+    for relative in relatives:
+        source = tree / relative
+        if source.is_file():
+            (destination / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / relative)
+    return destination

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,20 +23,8 @@ def catalog():
 
 
 def copy_real_subset(catalog, requirement: str, package: str, destination: Path) -> Path:
-    """Copy the dist-info and every file the catalog targets from the cached installed tree.
-
-    The whole trees are 0.2-1 GB each; the files the engine reads and writes, with their real bytes and RECORD,
-    are what the tests need.
-    """
-    tree = wheelhouse.installed_tree(requirement)
-    for dist_info in tree.glob("*.dist-info"):
-        shutil.copytree(dist_info, destination / dist_info.name)
-    for relative in catalog.target_files(package):
-        source = tree / relative
-        if source.is_file():
-            (destination / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, destination / relative)
-    return destination
+    """Copy the dist-info and every file the catalog targets from the cached installed tree."""
+    return wheelhouse.copy_subset(wheelhouse.installed_tree(requirement), catalog.target_files(package), destination)
 
 
 @pytest.fixture(params=sorted(REAL_TREES))

@@ -2,7 +2,7 @@
 
 Engine level: plan, apply (cdna2.host.txn), check and revert round-trip byte-identically, the patched file compiles,
 the set adds lines and changes none, an edited anchor is refused. Kernel level (slow): the PATCHED text, as the
-engine writes it, is run in a venv with CPU torch and the real triton wheel (fast_fp8/venv.py): in Triton's CPU
+engine writes it, is run in a venv with CPU torch and the real triton wheel (lab/torchvenv.py): in Triton's CPU
 interpreter (decode table, matmuls, eligibility) and through Triton's real AMD compiler for gfx90a (instruction
 counts). The only test doubles are vLLM's platform queries (fast_fp8/platform_doubles.py): there is no GPU here.
 """
@@ -22,7 +22,7 @@ from cdna2.host import txn
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place, probe
 from tests.unit.patches.conftest import copy_real_subset
-from tests.unit.patches.fast_fp8.venv import fp8_python
+from lab.torchvenv import torch_cpu_python
 
 SET = "vllm-fast-fp8-dequant"
 FP8_UTILS = "vllm/model_executor/layers/quantization/utils/fp8_utils.py"
@@ -138,7 +138,7 @@ def run_patched(mode: str, patched: Path, work_dir: Path) -> dict:
     environment["TRITON_CACHE_DIR"] = str(work_dir / "triton-cache")
     if mode == "interpret":
         environment["TRITON_INTERPRET"] = "1"
-    result = subprocess.run([str(fp8_python()), str(RUNNER), mode, str(patched), str(work_dir / "extract")],
+    result = subprocess.run([str(torch_cpu_python()), str(RUNNER), mode, str(patched), str(work_dir / "extract")],
                             capture_output=True, text=True, env=environment, timeout=600)
     assert result.returncode == 0, f"runner.py {mode} {patched} failed:\n{result.stderr[-4000:]}"
     return json.loads(result.stdout)

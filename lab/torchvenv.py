@@ -1,9 +1,10 @@
-"""A cached venv with CPU torch and the real triton wheel, for running patched Triton kernels in the interpreter.
+"""A cached venv with CPU torch and the real triton wheel, where vLLM's own Python code is run without a GPU.
 
 The project venv has neither torch nor triton. Triton's interpreter (TRITON_INTERPRET=1) runs ``@triton.jit``
-kernels on CPU torch tensors, so the patched vLLM kernels can be executed here without a GPU. The venv is built once
-per machine under ``$CDNA2_CACHE/test-venvs/`` (staged, checked by importing both packages, then renamed) and keyed
-by the interpreter and the requirements, so a stale one is never reused.
+kernels on CPU torch tensors, so the patched vLLM kernels can be executed here (tests/unit/patches/fast_fp8/), and
+vLLM's platform and arch gates are imported from real vLLM trees (lab/gates/). The venv is built once per machine
+under ``$CDNA2_CACHE/test-venvs/`` (staged, checked by importing its packages, then renamed) and keyed by the
+interpreter and the requirements, so a stale one is never reused.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from lab import wheelhouse
 TORCH_REQUIREMENT = "torch==2.13.0+cpu"
 # The triton vLLM 0.23-0.33 is deployed with (field-notes 2.2); its wheel comes from the project's wheelhouse.
 TRITON_REQUIREMENT = wheelhouse.TRITON_PINNED
+# What `import vllm` and vllm/platforms/rocm.py import before anything else (vLLM's wheels are unpacked with no deps).
+VLLM_IMPORT_REQUIREMENTS = ("packaging==26.4", "regex==2026.11.19")
 
 
 def _base_python() -> str:
@@ -29,9 +32,10 @@ def _base_python() -> str:
 
 
 def _venv_dir() -> Path:
-    key_source = "\n".join((_base_python(), sys.version, TORCH_REQUIREMENT, TRITON_REQUIREMENT))
+    key_source = "\n".join((_base_python(), sys.version, TORCH_REQUIREMENT, TRITON_REQUIREMENT,
+                            *VLLM_IMPORT_REQUIREMENTS))
     key = hashlib.sha256(key_source.encode()).hexdigest()[:12]
-    return wheelhouse.cache_root() / "test-venvs" / f"fp8-{key}"
+    return wheelhouse.cache_root() / "test-venvs" / f"torch-cpu-{key}"
 
 
 def _run(argv: list[str], what: str) -> None:
@@ -40,11 +44,11 @@ def _run(argv: list[str], what: str) -> None:
         raise RuntimeError(f"{what} failed (exit {result.returncode}): {' '.join(argv)}\n{result.stderr[-4000:]}")
 
 
-def fp8_python() -> Path:
+def torch_cpu_python() -> Path:
     """Return the ``bin/python`` of the cached torch-CPU + triton venv, building it first if needed."""
     venv = _venv_dir()
     python = venv / "bin" / "python"
-    with wheelhouse.cache_lock("test-venv-fp8"):
+    with wheelhouse.cache_lock("test-venv-torch-cpu"):
         if (venv / ".complete").exists():
             return python
         staging = venv.with_name(venv.name + ".staging")
@@ -53,9 +57,9 @@ def fp8_python() -> Path:
         triton_wheel = wheelhouse.wheel(TRITON_REQUIREMENT)
         # Only `bin/python -m ...` is used, never the console scripts, whose shebangs name the staging path.
         _run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-              "--only-binary=:all:", TORCH_REQUIREMENT, "numpy", str(triton_wheel)],
+              "--only-binary=:all:", TORCH_REQUIREMENT, "numpy", *VLLM_IMPORT_REQUIREMENTS, str(triton_wheel)],
              f"installing {TORCH_REQUIREMENT} and {triton_wheel.name} into {staging}")
-        _run([str(staging / "bin" / "python"), "-c", "import torch, triton, triton.language, numpy"],
+        _run([str(staging / "bin" / "python"), "-c", "import torch, triton, triton.language, numpy, packaging, regex"],
              f"importing torch and triton in {staging}")
         (staging / ".complete").touch()
         shutil.rmtree(venv, ignore_errors=True)

@@ -1,0 +1,283 @@
+"""``python -m cdna2 patch gates``: vLLM's arch gates, evaluated by vLLM's own code, before and after patching.
+
+For each real vLLM release (PyPI wheel, unpacked once into the cache) the patch engine plans and applies the vLLM sets
+on a copy of the files they target, exactly as ``patch apply`` would: the required set and every optional set the
+planner accepts on that release (a refused optional set is named with its reason). lab/vllm_gates/runner.py then
+imports vLLM from the stock and from the patched files in the torch-CPU venv, on a pretend gfx90a and gfx942, and
+reports what each gate answers. This module only judges those answers; it imports neither torch nor vLLM.
+
+Expected per release: stock gfx90a has every attention gate closed; patched gfx90a has every attention gate open,
+every FP8/FP4 gate closed, the CK int8 GEMM gates open exactly when vllm-ck-int8-gemm was applied, the software FP8
+decode gate open exactly when vllm-fast-fp8-dequant was applied, and every other gate as stock; on gfx942 every gate
+answers the same before and after (a gate the patch adds must stay closed there). A linear kernel that none of
+vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdna2.cache import cache_root
+from cdna2.patches.catalog import Catalog, load_catalog
+from cdna2.patches.coverage import VLLM_RELEASES
+from cdna2.patches.planner import PackagePlan, plan_package
+
+RELEASES = VLLM_RELEASES  # the coverage table's vLLM releases
+ARCHES = ("gfx90a", "gfx942")
+COLUMNS = (("gfx90a", "stock"), ("gfx90a", "patched"), ("gfx942", "stock"), ("gfx942", "patched"))
+RUNNER = Path(__file__).resolve().parents[2] / "lab" / "vllm_gates" / "runner.py"
+CK_INT8_SET, FAST_FP8_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant"
+# Every AITER feature switched on, so a closed gate is closed by the arch, never by an operator's default.
+ENVIRONMENT = {name: "1" for name in (
+    "VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_LINEAR", "VLLM_ROCM_USE_AITER_MOE", "VLLM_ROCM_USE_AITER_MLA",
+    "VLLM_ROCM_USE_AITER_MHA", "VLLM_ROCM_USE_AITER_FP8BMM", "VLLM_ROCM_USE_AITER_FP4BMM",
+    "VLLM_ROCM_USE_AITER_LINEAR_HIPBMM", "VLLM_ROCM_USE_AITER_FP4_ASM_GEMM", "VLLM_ROCM_USE_AITER_TRITON_ROPE",
+    "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION", "VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS",
+    "VLLM_ROCM_USE_AITER_TRITON_GEMM", "VLLM_ROCM_USE_AITER_RMSNORM", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT",
+    "VLLM_PREFER_AITER_FA")}
+
+ATTENTION, FP8_FP4, FP8_SOFTWARE, INT8, OTHER = "attention", "FP8/FP4", "FP8 software decode", "int8 GEMM", "other"
+KINDS = (ATTENTION, FP8_FP4, FP8_SOFTWARE, INT8, OTHER)
+ATTENTION_GATES = ("rocm_aiter_ops.is_mha_enabled()", "rocm_aiter_ops.is_shuffle_kv_cache_enabled()",
+                   "AiterFlashAttentionBackend.supports_compute_capability()",
+                   "_get_backend_priorities() has ROCM_AITER_FA")
+INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKernel.is_supported()",
+              "rocm_aiter_w8a8_gemm op registered")
+# vllm-fast-fp8-dequant's own gate: block-FP8 GEMMs already run on gfx90a in Triton, decoding FP8 in software; the
+# set routes them to a faster decode (field-notes 4.5). No FP8 hardware path is opened.
+FP8_SOFTWARE_GATES = ("_gfx90a_fast_fp8_eligible() (e4m3fn, fp32 scales, 128x128 blocks)",)
+# The master gate admits every AITER op, AITER's FP8 GEMMs among them (field-notes 7.4).
+FP8_FP4_PATTERN = re.compile(r"fp8|fp4|is_aiter_found_and_supported", re.IGNORECASE)
+
+Progress = Callable[[str], None]
+
+
+def category(gate: str) -> str:
+    if gate in ATTENTION_GATES:
+        return ATTENTION
+    if gate in INT8_GATES:
+        return INT8
+    if gate in FP8_SOFTWARE_GATES:
+        return FP8_SOFTWARE
+    if FP8_FP4_PATTERN.search(gate):
+        return FP8_FP4
+    return OTHER
+
+
+@dataclass
+class ReleaseGates:
+    """One release: how it was patched, what each gate answered per (arch, tree), and the verdict."""
+
+    version: str
+    patch_status: str  # the plan's status with every accepted set: "apply", or why nothing could be patched
+    applied_sets: list[str] = field(default_factory=list)
+    variants: dict[str, str] = field(default_factory=dict)
+    refused_sets: dict[str, str] = field(default_factory=dict)  # optional set -> why the planner left it out
+    answers: dict[str, dict] = field(default_factory=dict)  # "stock"/"patched" -> arch -> runner outcome
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def patched(self) -> bool:
+        return "patched" in self.answers
+
+    @property
+    def verdict(self) -> str:
+        if not self.patched:
+            return f"NOT PATCHED: {self.patch_status}"
+        return "ok" if not self.failures else "FAIL"
+
+    def gate_names(self) -> list[str]:
+        names = set()
+        for per_arch in self.answers.values():
+            for outcome in per_arch.values():
+                names.update(outcome.get("result", {}).get("gates", {}))
+        return sorted(names, key=lambda gate: (KINDS.index(category(gate)), gate))
+
+    def answer(self, gate: str, arch: str, tree: str) -> dict | None:
+        outcome = self.answers.get(tree, {}).get(arch)
+        if outcome is None or not outcome.get("ok"):
+            return None
+        return outcome["result"]["gates"].get(gate)
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "verdict": self.verdict, "failures": self.failures,
+                "patch_status": self.patch_status, "applied_sets": self.applied_sets, "variants": self.variants,
+                "refused_sets": self.refused_sets, "answers": self.answers}
+
+
+def _cell(answer: dict | None) -> str:
+    if answer is None:
+        return "-"
+    if answer["error"]:
+        return "error"
+    return "open" if answer["open"] else "closed"
+
+
+def _unevaluable_on_gfx942(release: ReleaseGates, gate: str, arch: str) -> str | None:
+    """The error, when a gate fails the same way on stock and patched gfx942 (it needs AITER's compiled code, which
+    cannot load here); on gfx942 only sameness is expected, and the same failure before and after is that."""
+    if arch != "gfx942" or not release.patched:
+        return None
+    stock, patched = release.answer(gate, arch, "stock"), release.answer(gate, arch, "patched")
+    if stock and patched and stock["error"] and stock["error"] == patched["error"]:
+        return stock["error"]
+    return None
+
+
+def reachable_on_rocm(release: ReleaseGates, gate: str) -> bool:
+    """False for a linear kernel no ROCm kernel list of vLLM names (its answer cannot route a ROCm model)."""
+    answers = [release.answer(gate, arch, tree) for arch, tree in COLUMNS]
+    return not any(answer and answer.get("on_rocm") is False for answer in answers)
+
+
+def kind_label(release: ReleaseGates, gate: str) -> str:
+    return category(gate) + ("" if reachable_on_rocm(release, gate) else " (no ROCm path)")
+
+
+def judge(release: ReleaseGates) -> list[str]:
+    """The expectations of the module docstring, as failures naming the gate, the arch and both answers."""
+    failures = []
+    for tree, per_arch in release.answers.items():
+        for arch, outcome in per_arch.items():
+            if not outcome.get("ok"):
+                failures.append(f"{arch} {tree}: the runner failed: {outcome.get('error')}")
+            elif outcome["result"]["detected"]["gcn_arch"] != arch:
+                failures.append(f"{arch} {tree}: vLLM detected {outcome['result']['detected']['gcn_arch']}")
+    applied = {INT8: CK_INT8_SET in release.applied_sets, FP8_SOFTWARE: FAST_FP8_SET in release.applied_sets}
+    for gate in release.gate_names():
+        kind = category(gate)
+        cells = {(arch, tree): _cell(release.answer(gate, arch, tree)) for arch, tree in COLUMNS}
+        for (arch, tree), cell in cells.items():
+            if cell == "error" and tree in release.answers and not _unevaluable_on_gfx942(release, gate, arch):
+                failures.append(f"{gate} on {arch} {tree}: {release.answer(gate, arch, tree)['error']}")
+        if not reachable_on_rocm(release, gate):
+            continue
+        stock, patched = cells[("gfx90a", "stock")], cells[("gfx90a", "patched")]
+        if kind == ATTENTION and stock not in ("closed", "-"):
+            failures.append(f"{gate} ({kind}) is {stock} on stock gfx90a; expected closed")
+        if release.patched:
+            expected = {ATTENTION: "open", FP8_FP4: "closed", OTHER: stock}.get(kind)
+            if expected is None:
+                expected = "open" if applied[kind] else stock
+            if patched != expected:
+                failures.append(f"{gate} ({kind}) is {patched} on patched gfx90a; expected {expected}"
+                                + (" (as stock)" if expected == stock and kind not in (ATTENTION, FP8_FP4) else ""))
+            gfx942 = (cells[("gfx942", "stock")], cells[("gfx942", "patched")])
+            if gfx942[0] != gfx942[1] and gfx942 != ("-", "closed"):
+                failures.append(f"{gate} ({kind}) changed on gfx942: {cells[('gfx942', 'stock')]} stock, "
+                                f"{cells[('gfx942', 'patched')]} patched")
+    return failures
+
+
+def render(releases: list[ReleaseGates]) -> str:
+    """The gate table (release x gate x the four columns) and one verdict line per release."""
+    header = ["release", "gate", "kind", *(f"{arch} {tree}" for arch, tree in COLUMNS)]
+    rows = []
+    for release in releases:
+        for gate in release.gate_names():
+            rows.append([release.version, gate, kind_label(release, gate),
+                         *(_cell(release.answer(gate, arch, tree)) for arch, tree in COLUMNS)])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines.append("")
+    for release in releases:
+        sets = ", ".join(f"{name} ({release.variants.get(name, '?')})" for name in release.applied_sets)
+        lines.append(f"vLLM {release.version}: {release.verdict}" + (f"; patched with {sets}" if sets else ""))
+        lines += [f"  optional set {name} not applied: {reason.splitlines()[0]}"
+                  for name, reason in release.refused_sets.items()]
+        lines += [f"  {failure}" for failure in release.failures]
+    return "\n".join(lines)
+
+
+def _plan(catalog: Catalog, root: Path, optional: list[str]) -> PackagePlan:
+    from cdna2.patches.cli import probe
+
+    version, files, record = probe(root, catalog, "vllm")
+    return plan_package(catalog, "vllm", version, files, record, optional)
+
+
+def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: Path) -> bool:
+    """Apply the required vLLM sets plus every optional one the planner accepts on top of them, to ``root``.
+
+    The planner is all or nothing per package, so each optional set is tried on its own first; one it refuses is
+    recorded with the reason and left out, never silently. Returns whether anything was applied.
+    """
+    from cdna2.patches.cli import apply_in_place
+
+    accepted: list[str] = []
+    for name in sorted(catalog.optional_sets()):
+        if catalog.by_name(name).package != "vllm":
+            continue
+        plan = _plan(catalog, root, [*accepted, name])
+        if plan.status in ("apply", "patched"):
+            accepted.append(name)
+        else:
+            release.refused_sets[name] = "\n".join(plan.reasons)
+    plan = _plan(catalog, root, accepted)
+    release.patch_status = plan.status if plan.status == "apply" else "; ".join(plan.reasons).splitlines()[0]
+    if plan.status != "apply":
+        return False
+    release.applied_sets, release.variants = plan.sets, plan.variants
+    release.refused_sets.update(plan.declined)  # an optional set whose feature upstream removed
+    result = apply_in_place(root, plan, backup_dir)
+    if not result["ok"]:
+        release.patch_status = f"apply failed: {result.get('error')}"
+        return False
+    return True
+
+
+def run_runner(python: Path, spec: dict) -> dict:
+    result = subprocess.run([str(python), str(RUNNER)], input=json.dumps(spec), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{RUNNER} failed (exit {result.returncode}) for {spec['stock']}:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout)
+
+
+def evaluate_release(version: str, catalog: Catalog, work_dir: Path, progress: Progress) -> ReleaseGates:
+    """Unpack (cached), copy, patch and evaluate one release; ``work_dir`` holds the patched copy."""
+    from lab import torchvenv, wheelhouse
+
+    requirement = f"vllm=={version}"
+    progress(f"vLLM {version}: unpacking the wheel (cached after the first run)")
+    tree = wheelhouse.installed_tree(requirement)
+    copy = wheelhouse.copy_subset(tree, catalog.target_files("vllm"), work_dir / "site-packages")
+    release = ReleaseGates(version=version, patch_status="")
+    patched = patch_copy(catalog, copy, release, work_dir / "backups")
+    progress(f"vLLM {version}: {'patched with ' + ', '.join(release.applied_sets) if patched else 'not patched'}; "
+             f"evaluating the gates")
+    spec = {"stock": str(tree), "patched": str(copy) if patched else None, "arches": list(ARCHES),
+            "environment": ENVIRONMENT, "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}
+    release.answers = run_runner(torchvenv.torch_cpu_python(), spec)
+    release.failures = judge(release)
+    return release
+
+
+def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda line: None,
+             workers: int = 2) -> list[ReleaseGates]:
+    """Every release in ``versions``, ``workers`` at a time (each runner is one busy process), in the given order."""
+    catalog = load_catalog()
+    progress("torch-CPU venv: building or reusing it")
+    from lab import torchvenv
+
+    torchvenv.torch_cpu_python()
+    with tempfile.TemporaryDirectory(prefix="cdna2-gates-") as scratch:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(lambda version: evaluate_release(version, catalog, Path(scratch) / version,
+                                                                  progress), versions))
+
+
+def command(json_path: Path | None) -> int:
+    """Print the table; exit 1 when a release the current sets patch breaks an expectation."""
+    releases = evaluate(progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(render(releases))
+    if json_path is not None:
+        json_path.write_text(json.dumps([release.to_json() for release in releases], indent=1, sort_keys=True))
+    return 1 if any(release.verdict == "FAIL" for release in releases) else 0

@@ -1,0 +1,453 @@
+"""Evaluate vLLM's arch gates, as vLLM's own code decides them, for one release on a pretend gfx90a and gfx942.
+
+Usage, inside the torch-CPU venv (lab/torchvenv.py):  python runner.py < SPEC.json > RESULT.json
+SPEC: {"stock": DIR, "patched": DIR or null, "arches": ["gfx90a", "gfx942"], "environment": {NAME: VALUE},
+"bytecode_cache": DIR or null}.
+``stock`` is an unpacked vLLM tree (site-packages layout); ``patched`` holds only the files the patch engine wrote
+(and the dist-info), which shadow the stock files of the same path.
+
+vLLM is imported from those trees, file by file as it is installed. What cannot exist here is doubled, by name:
+amdsmi (the device query, doubles/amdsmi) and amd-aiter (AiterDouble); vLLM's compiled extensions fail to load
+as they would on any machine without a GPU, and vLLM carries on as it does there. vLLM's wheels are unpacked without
+their dependencies, so a vLLM module is loaded statement by statement: a top-level import that fails binds the
+names it would have bound to ``Unavailable`` markers, which raise on any use (a gate that needs one reports an
+error, never a value); a class whose bases cannot be built is rebuilt from its own body without them. Every such
+substitution is listed in the result. The runner judges nothing: cdna2/patches/gates.py compares the values.
+"""
+
+from __future__ import annotations
+
+import __future__
+import ast
+import hashlib
+import importlib.abc
+import importlib.util
+import inspect
+import json
+import marshal
+import os
+import sys
+import traceback
+import types
+from pathlib import Path
+
+DOUBLES = Path(__file__).resolve().parent / "doubles"
+# The modules holding the gates the vLLM patch sets touch (cdna2/data/patchsets/vllm-*.yaml).
+GATE_MODULES = {
+    "aiter_ops": "vllm._aiter_ops",
+    "rocm": "vllm.platforms.rocm",
+    "aiter_fa": "vllm.v1.attention.backends.rocm_aiter_fa",
+    "torch_scaled_mm": "vllm.model_executor.kernels.linear.scaled_mm.pytorch",
+    "aiter_scaled_mm": "vllm.model_executor.kernels.linear.scaled_mm.aiter",
+    "fp8_utils": "vllm.model_executor.layers.quantization.utils.fp8_utils",
+}
+FAST_FP8_ELIGIBLE = "_gfx90a_fast_fp8_eligible"  # added by the vllm-fast-fp8-dequant set
+
+
+class Unavailable:
+    """Stands for a name a vLLM module imports from a dependency that is not installed here; any use raises."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self._name, self._reason = name, reason
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} is unavailable here ({self._reason})")
+
+    __call__ = __getitem__ = __iter__ = __bool__ = _refuse
+
+    def __getattr__(self, attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        self._refuse()
+
+    def __mro_entries__(self, bases):
+        self._refuse()
+
+
+class Substitutions:
+    """What the loader put in place of vLLM's own objects, for the result."""
+
+    def __init__(self) -> None:
+        self.unavailable: dict[str, dict[str, str]] = {}  # module -> name -> reason
+        self.rebuilt_classes: dict[str, dict[str, str]] = {}  # module -> class -> why its bases were dropped
+
+    def to_json(self) -> dict:
+        return {"unavailable": self.unavailable, "rebuilt_classes": self.rebuilt_classes}
+
+
+SUBSTITUTIONS = Substitutions()
+
+
+def _future_flags(tree: ast.Module) -> int:
+    flags = 0
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            flags |= sum(getattr(__future__, alias.name).compiler_flag for alias in node.names)
+    return flags
+
+
+def _bind_unavailable(node: ast.Import | ast.ImportFrom, namespace: dict, error: Exception) -> None:
+    reason = f"{type(error).__name__}: {error}"
+    for alias in node.names:
+        bound = alias.asname or alias.name.split(".")[0]
+        namespace[bound] = Unavailable(alias.name, reason)
+        SUBSTITUTIONS.unavailable.setdefault(namespace["__name__"], {})[bound] = reason
+
+
+def _without_bases(node: ast.ClassDef) -> ast.ClassDef:
+    rebuilt = ast.ClassDef(name=node.name, bases=[], keywords=[], body=node.body, decorator_list=[],
+                           type_params=getattr(node, "type_params", []))
+    return ast.fix_missing_locations(ast.copy_location(rebuilt, node))
+
+
+IMPORT, CLASS, OTHER = "import", "class", "other"
+BYTECODE_CACHE: Path | None = None  # set from the spec: compiled statements, keyed by the source bytes
+
+
+def _compile_statements(path: str, source: bytes) -> list[tuple[str, int, object]]:
+    tree = ast.parse(source, path)
+    flags = _future_flags(tree)
+    statements = []
+    for node in tree.body:
+        kind = IMPORT if isinstance(node, (ast.Import, ast.ImportFrom)) else CLASS if isinstance(node, ast.ClassDef) \
+            else OTHER
+        code = compile(ast.Module([node], []), path, "exec", flags=flags, dont_inherit=True)
+        statements.append((kind, node.lineno, code))
+    return statements
+
+
+def compiled_statements(path: str) -> list[tuple[str, int, object]]:
+    """(kind, line, code) per top-level statement; compiling vLLM statement by statement costs seconds per process,
+    so the code objects are kept in BYTECODE_CACHE (marshal, like a .pyc) under the hash of the source."""
+    source = Path(path).read_bytes()
+    if BYTECODE_CACHE is None:
+        return _compile_statements(path, source)
+    key = hashlib.sha256(b"\0".join((sys.version.encode(), path.encode(), source))).hexdigest()
+    cached = BYTECODE_CACHE / f"{key}.marshal"
+    if cached.is_file():
+        return marshal.loads(cached.read_bytes())
+    statements = _compile_statements(path, source)
+    BYTECODE_CACHE.mkdir(parents=True, exist_ok=True)
+    staging = cached.with_name(f"{cached.name}.{os.getpid()}")
+    staging.write_bytes(marshal.dumps(statements))
+    staging.replace(cached)
+    return statements
+
+
+class StatementLoader(importlib.abc.Loader):
+    """Executes a vLLM source file one top-level statement at a time (see the module docstring)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        for index, (kind, line, code) in enumerate(compiled_statements(self.path)):
+            try:
+                exec(code, module.__dict__)
+            except ImportError as error:
+                if kind != IMPORT:
+                    raise
+                _bind_unavailable(self._node(index), module.__dict__, error)
+            except Exception as error:
+                if kind != CLASS:
+                    raise ImportError(f"{self.path}:{line}: {type(error).__name__}: {error}") from error
+                self._rebuild_without_bases(index, module, error)
+
+    def _tree(self) -> ast.Module:
+        return ast.parse(Path(self.path).read_bytes(), self.path)
+
+    def _node(self, index: int) -> ast.stmt:
+        return self._tree().body[index]
+
+    def _rebuild_without_bases(self, index: int, module, error: Exception) -> None:
+        tree = self._tree()
+        node = tree.body[index]
+        # Annotations stay unevaluated in the rebuilt class: they may name unavailable types.
+        rebuilt = ast.Module([_without_bases(node)], [])
+        exec(compile(rebuilt, self.path, "exec", flags=_future_flags(tree) | __future__.annotations.compiler_flag,
+                     dont_inherit=True), module.__dict__)
+        SUBSTITUTIONS.rebuilt_classes.setdefault(module.__name__, {})[node.name] = f"{type(error).__name__}: {error}"
+
+
+class AiterDouble(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Test double of an installed amd-aiter: ``find_spec("aiter")`` finds it and ``import aiter.x.y`` works, but its
+    compiled extensions cannot load without a GPU, so every name taken from it is an Unavailable marker."""
+
+    def find_spec(self, name: str, path, target=None):
+        if name != "aiter" and not name.startswith("aiter."):
+            return None
+        return importlib.util.spec_from_loader(name, self, is_package=True)
+
+    def create_module(self, spec):
+        module = types.ModuleType(spec.name, "Test double of amd-aiter (no GPU here).")
+        module.__path__ = []
+
+        def unavailable(attribute: str):
+            if attribute.startswith("__"):
+                raise AttributeError(attribute)
+            return Unavailable(f"{spec.name}.{attribute}", "AITER's compiled extensions cannot load without a GPU")
+
+        module.__getattr__ = unavailable
+        return module
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+class TreeFinder(importlib.abc.MetaPathFinder):
+    """Finds vllm.* in the patched files first, then in the stock tree; loads them with StatementLoader."""
+
+    def __init__(self, roots: list[Path]) -> None:
+        self.roots = roots
+
+    def find_spec(self, name: str, path, target=None):
+        if name != "vllm" and not name.startswith("vllm."):
+            return None
+        relative = Path(*name.split("."))
+        for root in self.roots:
+            package_init = root / relative / "__init__.py"
+            if package_init.is_file():
+                locations = [str(r / relative) for r in self.roots if (r / relative).is_dir()]
+                return importlib.util.spec_from_file_location(name, package_init,
+                                                              loader=StatementLoader(str(package_init)),
+                                                              submodule_search_locations=locations)
+            module_file = root / relative.with_suffix(".py")
+            if module_file.is_file():
+                return importlib.util.spec_from_file_location(name, module_file,
+                                                              loader=StatementLoader(str(module_file)))
+        return None  # a compiled extension (vllm._C, ...): the normal finders try it and it fails without a GPU
+
+
+def _verdict(value) -> bool:
+    """Whether a gate's answer admits the arch: is_supported() gives (ok, reason); is_*_enabled() a bool or None."""
+    if isinstance(value, tuple):
+        return bool(value[0])
+    return bool(value)
+
+
+def _describe(value) -> str:
+    if isinstance(value, tuple):
+        return repr(tuple(value))
+    if isinstance(value, list):
+        return repr([getattr(item, "name", item) for item in value])
+    return repr(value)
+
+
+def _evaluate(gates: dict, gate_id: str, call) -> None:
+    try:
+        value = call()
+    except Exception as error:
+        gates[gate_id] = {"open": None, "value": None, "error": f"{type(error).__name__}: {error}",
+                          "traceback": traceback.format_exc(limit=-4)}
+        return
+    gates[gate_id] = {"open": _verdict(value), "value": _describe(value), "error": None}
+
+
+def _module(key: str, gates: dict):
+    try:
+        return importlib.import_module(GATE_MODULES[key])
+    except Exception as error:
+        gates[f"import {GATE_MODULES[key]}"] = {"open": None, "value": None,
+                                                "error": f"{type(error).__name__}: {error}",
+                                                "traceback": traceback.format_exc(limit=-4)}
+        return None
+
+
+def _no_argument_classmethods(cls) -> list[str]:
+    names = []
+    for name, attribute in vars(cls).items():
+        if name.startswith("is_") and isinstance(attribute, classmethod):
+            parameters = inspect.signature(getattr(cls, name)).parameters
+            if all(p.default is not inspect.Parameter.empty for p in parameters.values()):
+                names.append(name)
+    return sorted(names)
+
+
+def rocm_candidates(roots: list[Path]) -> set[str]:
+    """The linear kernels vLLM may choose on ROCm: the names in its ``PlatformEnum.ROCM: [...]`` lists."""
+    for root in roots:
+        path = root / "vllm/model_executor/kernels/linear/__init__.py"
+        if path.is_file():
+            names = set()
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Dict):
+                    for key, value in zip(node.keys, node.values):
+                        if isinstance(key, ast.Attribute) and key.attr == "ROCM" and isinstance(value, ast.List):
+                            names.update(element.id for element in value.elts if isinstance(element, ast.Name))
+            return names
+    return set()
+
+
+def _is_supported_of(cls: type):
+    return next(vars(base)["is_supported"] for base in cls.__mro__ if "is_supported" in vars(base))
+
+
+def _on_rocm(cls: type, classes: list[type], candidates: set[str]) -> bool:
+    """Whether ROCm can reach this ``is_supported``: the class, or a subclass using the same one, is a candidate."""
+    function = _is_supported_of(cls)
+    return any(other.__name__ in candidates and issubclass(other, cls) and _is_supported_of(other) is function
+               for other in classes)
+
+
+def _own_classes_with_is_supported(module) -> list[type]:
+    return [obj for _, obj in sorted(vars(module).items())
+            if isinstance(obj, type) and obj.__module__ == module.__name__ and "is_supported" in dir(obj)]
+
+
+def _backend_priorities(rocm):
+    function = rocm._get_backend_priorities
+    defaults = {"use_mla": False, "use_sparse": False, "use_kv_connector": False}
+    return function(**{name: defaults[name] for name in inspect.signature(function).parameters if name in defaults})
+
+
+def evaluate_gates(registered_ops: list[str], candidates: set[str]) -> dict:
+    """Every gate of the patch sets' files, on the platform vLLM detected, with the env set by the caller.
+
+    A linear kernel's ``is_supported()`` carries ``on_rocm``: whether vLLM's ROCm kernel lists can reach it.
+    """
+    gates: dict[str, dict] = {}
+    platform = importlib.import_module("vllm.platforms").current_platform
+    capability = platform.get_device_capability()
+    aiter_ops = _module("aiter_ops", gates)
+    if aiter_ops is not None:
+        _evaluate(gates, "is_aiter_found_and_supported()", aiter_ops.is_aiter_found_and_supported)
+        ops = aiter_ops.rocm_aiter_ops
+        for name in _no_argument_classmethods(ops):
+            _evaluate(gates, f"rocm_aiter_ops.{name}()", getattr(ops, name))
+        # register_ops_once() runs when vLLM imports the module; the CK int8 GEMM needs this op.
+        gates["rocm_aiter_w8a8_gemm op registered"] = {
+            "open": "rocm_aiter_w8a8_gemm" in registered_ops,
+            "value": f"{len(registered_ops)} ops registered by vllm._aiter_ops", "error": None}
+    rocm = _module("rocm", gates)
+    if rocm is not None:
+        _evaluate(gates, "_get_backend_priorities() has ROCM_AITER_FA",
+                  lambda: ("ROCM_AITER_FA" in [b.name for b in _backend_priorities(rocm)],
+                           [b.name for b in _backend_priorities(rocm)]))
+    aiter_fa = _module("aiter_fa", gates)
+    if aiter_fa is not None:
+        _evaluate(gates, "AiterFlashAttentionBackend.supports_compute_capability()",
+                  lambda: aiter_fa.AiterFlashAttentionBackend.supports_compute_capability(capability))
+    for key in ("torch_scaled_mm", "aiter_scaled_mm"):
+        module = _module(key, gates)
+        if module is None:
+            continue
+        classes = _own_classes_with_is_supported(module)
+        for cls in classes:
+            gate = f"{cls.__name__}.is_supported()"
+            _evaluate(gates, gate, lambda cls=cls: cls.is_supported(capability.to_int()))
+            gates[gate]["on_rocm"] = _on_rocm(cls, classes, candidates)
+    fp8_utils = _module("fp8_utils", gates)
+    if fp8_utils is not None and hasattr(fp8_utils, FAST_FP8_ELIGIBLE):
+        import torch
+
+        operand, scales = torch.zeros(128, 128, dtype=torch.float8_e4m3fn), torch.ones(1, 1, dtype=torch.float32)
+        _evaluate(gates, f"{FAST_FP8_ELIGIBLE}() (e4m3fn, fp32 scales, 128x128 blocks)",
+                  lambda: getattr(fp8_utils, FAST_FP8_ELIGIBLE)(operand, operand, scales, scales, [128, 128]))
+    return gates
+
+
+def _record_op_registrations(registered: list[str]) -> None:
+    """Note the name of each op vLLM registers; vLLM's own registration still runs.
+
+    An op whose implementation is an Unavailable marker (imported from a dependency not installed here) is noted
+    but cannot be given to torch: torch reads the function's globals.
+    """
+    torch_utils = importlib.import_module("vllm.utils.torch_utils")
+    register = torch_utils.direct_register_custom_op
+
+    def recording_register(op_name, *args, **kwargs):
+        registered.append(op_name)
+        if any(isinstance(value, Unavailable) for value in (*args, *kwargs.values())):
+            return None
+        return register(op_name, *args, **kwargs)
+
+    torch_utils.direct_register_custom_op = recording_register
+
+
+def run_configuration(roots: list[Path], arch: str, environment: dict[str, str]) -> dict:
+    """In a fresh process: vLLM from ``roots`` on a pretend ``arch``, and what its gates answer there."""
+    os.environ.update(environment)
+    os.environ["CDNA2_GATES_ARCH"] = arch
+    sys.meta_path[:0] = [TreeFinder(roots), AiterDouble()]
+    registered: list[str] = []
+    _record_op_registrations(registered)
+    platform = importlib.import_module("vllm.platforms").current_platform
+    rocm = importlib.import_module("vllm.platforms.rocm")
+    detected = {"platform": type(platform).__name__, "gcn_arch": rocm._GCN_ARCH,
+                "capability": platform.get_device_capability().to_int()}
+    gates = evaluate_gates(registered, rocm_candidates(roots))
+    outside = sorted(name for name in sys.modules if name.split(".")[0] not in ("vllm", "amdsmi", "aiter"))
+    return {"arch": arch, "detected": detected, "gates": gates, "substitutions": SUBSTITUTIONS.to_json(),
+            "modules_outside_vllm": outside}
+
+
+def in_child(work, *args) -> dict:
+    """Run ``work(*args)`` in a forked child and return its JSON-able result.
+
+    vLLM's import registers types and ops in torch's process-wide registries and resolves the platform once, so each
+    configuration gets a process of its own; forking after ``import torch`` pays for torch's import only once.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            payload = {"ok": True, "result": work(*args)}
+        except BaseException as error:  # the child must always report and exit, never return into the parent
+            payload = {"ok": False, "error": f"{type(error).__name__}: {error}",
+                       "traceback": traceback.format_exc(limit=-6)}
+        with os.fdopen(write_end, "w") as pipe:
+            json.dump(payload, pipe)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        text = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    if not text:
+        return {"ok": False, "error": f"child exited with status {status} before reporting"}
+    return json.loads(text)
+
+
+def _preload(names: list[str]) -> None:
+    """Import in this process what vLLM imported from outside itself (torch._dynamo, ... about 7 s of CPU), so the
+    next forked children find it loaded. None of it depends on the arch or on vLLM's files."""
+    for name in names:
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # a module that only imports inside vLLM's context; the child imports it again
+                pass
+
+
+def main() -> int:
+    global BYTECODE_CACHE
+    spec = json.load(sys.stdin)
+    if spec.get("bytecode_cache"):
+        BYTECODE_CACHE = Path(spec["bytecode_cache"])
+    # vLLM logs to stdout; the result gets the real stdout, everything else goes to stderr.
+    result_stream = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.path.insert(0, str(DOUBLES))
+    sys.path.append(spec["stock"])  # for the dist-info only (vLLM reads its own version); TreeFinder loads vllm.*
+    import torch  # noqa: F401  (imported once, before the forks)
+
+    trees = {"stock": [Path(spec["stock"])]}
+    if spec.get("patched"):
+        trees["patched"] = [Path(spec["patched"]), Path(spec["stock"])]
+    results: dict[str, dict] = {label: {} for label in trees}
+    for label, roots in trees.items():
+        for arch in spec["arches"]:
+            outcome = in_child(run_configuration, roots, arch, spec["environment"])
+            if outcome["ok"] and len(results) * len(spec["arches"]) > 1:
+                _preload(outcome["result"].pop("modules_outside_vllm"))
+            results[label][arch] = outcome
+    json.dump(results, result_stream, indent=1, sort_keys=True)
+    result_stream.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
