@@ -80,7 +80,7 @@ def test_policy_is_validated_host_data_with_a_documented_default():
 
 def provisioned_probe(deployed: dict) -> dict:
     return {"state": {"deployed": deployed}, "distributions": {}, "aiter": {"gfx90a_digest": deployed["kernels"]},
-            "backups": {}, "record_check": {}}
+            "backups": {}, "patch_targets": {}, "record_check": {}}
 
 
 def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
