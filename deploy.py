@@ -115,7 +115,8 @@ else:
     if tree is not None:
         report.step(host.name, "kernels", PLANNED if needs_upload else UNCHANGED,
                     f"{tree.kernels} kernels, tree {tree.digest[:12]}; {tree.hazard_summary()}")
-        report.host(host.name).details["kernels"] = {"kernels": tree.kernels, "hazard_policy": tree.hazard_policy,
+        report.host(host.name).details["kernels"] = {"kernels": tree.kernels, "code_changes": tree.code_changes,
+                                                     "hazard_policy": tree.hazard_policy,
                                                      "hazard_audit_version": tree.hazard_audit_version,
                                                      "hazard_verdicts": tree.hazard_verdicts, "withheld": tree.withheld}
         if tree.hazard_policy == "permissive":

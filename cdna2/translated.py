@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import asdict, dataclass
 from functools import cache
 from importlib import resources
@@ -32,6 +33,7 @@ from cdna2.host.state import write_file_atomically
 from cdna2.schema import first_violation
 
 ADAPTATIONS_FILE = "gfx90a-tree.yaml"
+MEMO_FORMAT = "2"  # the remembered tree's fields (2: code_changes); a memo of another format is made again
 
 
 class KernelSourceError(RuntimeError):
@@ -52,12 +54,14 @@ class TranslatedTree:
     hazard_audit_version: str
     hazard_verdicts: dict[str, int]  # MFMA wait-state verdict -> portable kernels with it
     withheld: int  # portable kernels the policy did not install
+    code_changes: dict[str, int]  # written kernels by how their code was made: "in place", "padded", "split", ...
 
     def hazard_summary(self) -> str:
         """The verdicts and what the policy did, for the deploy report."""
         counts = ", ".join(f"{self.hazard_verdicts.get(verdict, 0)} {verdict}" for verdict in VERDICTS)
+        written = ", ".join(f"{count} {code}" for code, count in self.code_changes.items())
         return (f"kernel_hazard_policy {self.hazard_policy} (MFMA wait-state audit {self.hazard_audit_version}): "
-                f"{counts}; {self.withheld} withheld")
+                f"{counts}; {self.withheld} withheld; written {written}")
 
 
 @cache
@@ -123,7 +127,7 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
 def _memo_key(source_digest: str, policy: Policy) -> str:
     """What the translated tree depends on: what the engine's translation does, and the adaptations."""
     adaptations = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE).read_bytes()
-    parts = (cache_key(source_digest, find_llvm(), policy), hashlib.sha256(adaptations).hexdigest())
+    parts = (cache_key(source_digest, find_llvm(), policy), hashlib.sha256(adaptations).hexdigest(), MEMO_FORMAT)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
@@ -152,7 +156,8 @@ def ensure_translation(cache: Path, source_digest: str, source: Path, policy: Po
     if result.returncode != 0:
         raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]} failed "
                                 f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}")
-    hazards = json.loads(report_path.read_text())["hazards"]
+    report = json.loads(report_path.read_text())
+    hazards = report["hazards"]
     if hazards["audit_version"] != AUDIT_VERSION or hazards["policy"] != policy.hazards:
         raise KernelSourceError(f"translation of gfx942 tree {source_digest[:12]}: the report says audit "
                                 f"{hazards['audit_version']} under policy {hazards['policy']}, expected "
@@ -171,6 +176,8 @@ def ensure_translation(cache: Path, source_digest: str, source: Path, policy: Po
         invalidates=tuple(sorted({pattern for a in applied for pattern in a["invalidates"]})),
         hazard_policy=policy.hazards, hazard_audit_version=hazards["audit_version"],
         hazard_verdicts=hazards["verdicts"], withheld=len(hazards["withheld"]),
+        code_changes=dict(sorted(Counter(entry["code"] for entry in report["kernels"].values()
+                                         if entry["status"] == "written").items())),
     )
     memo = dict(asdict(tree), key=key, archive=str(archive))
     write_file_atomically(memo_path, json.dumps(memo, indent=1, sort_keys=True).encode("utf-8"))

@@ -100,13 +100,15 @@ def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
 
 
 def test_deploy_report_text_names_the_verdicts_and_the_policy(tmp_path):
+    # The 0.1.7.post2.dev18 tree under the defaults: the 70 short kernels padded, so every one audits clean.
     tree = TranslatedTree(source_digest="s", digest="d", archive=tmp_path / "a.tar.gz", archive_sha256="x",
-                          kernels=165, tree_bytes=1, adaptations=(), invalidates=(), hazard_policy="default",
-                          hazard_audit_version="1", withheld=13,
-                          hazard_verdicts={"clean": 108, "short-across-branches": 57, "short-straight-line": 13,
+                          kernels=178, tree_bytes=1, adaptations=(), invalidates=(), hazard_policy="default",
+                          hazard_audit_version="1", withheld=0, code_changes={"in place": 108, "padded": 70},
+                          hazard_verdicts={"clean": 178, "short-across-branches": 0, "short-straight-line": 0,
                                            "unaudited": 0})
-    assert tree.hazard_summary() == ("kernel_hazard_policy default (MFMA wait-state audit 1): 108 clean, "
-                                     "57 short-across-branches, 13 short-straight-line, 0 unaudited; 13 withheld")
+    assert tree.hazard_summary() == ("kernel_hazard_policy default (MFMA wait-state audit 1): 178 clean, "
+                                     "0 short-across-branches, 0 short-straight-line, 0 unaudited; 0 withheld; "
+                                     "written 108 in place, 70 padded")
 
 
 @pytest.mark.parametrize("policy", ["default", "strict"])
