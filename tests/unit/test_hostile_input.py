@@ -115,7 +115,8 @@ def test_probe_command_passes_hostile_options_through_as_data(tmp_path: Path, ma
     result = subprocess.run(["/bin/sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True,
                             cwd=marker.parent)
     argv = json.loads(result.stdout)["argv"]
-    assert argv[0] == "-c" and json.loads(argv[2]) == dict(options, record_check=[], known_contents=[], record_memo={})
+    assert argv[0] == "-c" and argv[2] == options["agent_dir"]
+    assert json.loads(argv[5]) == dict(options, record_check=[], known_contents=[], record_memo={})
 
 
 def sha256(path: Path) -> str:

@@ -71,7 +71,7 @@ def run_probe(root: Path, python_path: str | None = None, **overrides) -> dict:
     options = {"target_python": sys.executable, "rocm_root": str(root / "rocm"), "state_dir": str(root / "state"),
                "kfd_topology": str(root / "kfd"), **overrides}
     env = dict(os.environ, PYTHONPATH=python_path or str(root / "site-packages"))
-    # Run the file's text with -c, exactly as the HostProbe fact sends it over SSH.
+    # Run the file's text with -c, as the HostProbe fact does on a host without a current agent.
     result = subprocess.run([sys.executable, "-c", PROBE_SCRIPT.read_text(), json.dumps(options)],
                             capture_output=True, text=True, env=env, check=True)
     return json.loads(result.stdout)
