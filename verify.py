@@ -14,7 +14,7 @@ from cdna2.agent import agent_dir
 from cdna2.drift import find_drift
 from cdna2.fp8_configs import with_config_targets
 from cdna2.kernels.hazards import AUDIT_VERSION
-from cdna2.patches import plan_package
+from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import sudo_refusal, with_data_arch
 from cdna2.report import FAILED, summarise_probe
@@ -44,8 +44,8 @@ for package in deployed_sets:
     found = probe["distributions"].get(package)
     if found is not None:
         files, record = probe_files(probe, package)
-        plans[package] = plan_package(catalog, package, found["version"], files, record,
-                                      [name for name in deployed_sets[package] if name in catalog.optional_sets()])
+        plans[package] = plan_package_once(catalog, package, found["version"], files, record,
+                                           [name for name in deployed_sets[package] if name in catalog.optional_sets()])
 
 refusal = sudo_refusal(probe)  # unprivileged, the probe cannot see what the deploy left
 drift = [refusal] if refusal else find_drift(probe, plans, {"policy": data.kernel_hazard_policy,

@@ -119,3 +119,23 @@ def test_vllm_033_ck_int8_gemm_takes_the_reshaped_gate_variant(catalog, tmp_path
     assert plan.variants == {"vllm-attention-gate": "0.33", "vllm-ck-int8-gemm": "0.28-0.33"}
     ops = next(change for change in plan.changes if change.path == "vllm/_aiter_ops.py").new_bytes.decode()
     assert "        or is_aiter_attention_supported()\n" in ops
+
+
+def test_identical_hosts_are_planned_once_and_each_gets_its_own_copy(catalog, tmp_path, monkeypatch):
+    from cdna2.patches import planner
+    from tests.unit.patches.conftest import copy_real_subset
+
+    made = []
+    monkeypatch.setattr(planner, "_plans", {})
+    monkeypatch.setattr(planner, "plan_package", lambda *args: made.append(args) or plan_package(*args))
+    inputs = [probe(copy_real_subset(catalog, "vllm==0.23.0", "vllm", tmp_path / host), catalog, "vllm")
+              for host in ("host-a", "host-b")]
+    first, second = (planner.plan_package_once(catalog, "vllm", version, files, record, [])
+                     for version, files, record in inputs)
+    assert len(made) == 1 and first == second and first is not second
+    first.changes.clear()  # a caller's copy is its own
+    version, files, record = inputs[1]
+    assert planner.plan_package_once(catalog, "vllm", version, files, record, []).changes
+    edited = dict(files, **{path: data + b"\n# edited\n" for path, data in files.items() if path.endswith("rocm.py")})
+    planner.plan_package_once(catalog, "vllm", version, edited, record, [])
+    assert len(made) == 2, "a host whose files differ is planned anew"
