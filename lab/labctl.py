@@ -193,6 +193,25 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def namespace_processes(pid: int) -> list[int]:
+    """Processes other than ``pid`` in its mount namespace: a host's SSH sessions and whatever they run, including
+    what a dropped connection left behind (its sshd process exits, and the commands it started are reparented away
+    from the host's sshd, so ``descendants`` no longer finds them, but they stay in the host's namespace)."""
+    try:
+        namespace = os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return []
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != pid:
+            try:
+                if os.readlink(entry / "ns" / "mnt") == namespace:
+                    found.append(int(entry.name))
+            except OSError:  # exited meanwhile, or not ours to read
+                continue
+    return found
+
+
 def wait_gone(pid: int, timeout_s: float) -> bool:
     """Wait until pid has exited, reaping it when it is our child."""
     deadline = time.monotonic() + timeout_s
@@ -224,7 +243,7 @@ def stop_host(host: dict) -> str:
         if process_state(pid) in (None, "Z"):
             return "not running"
         return f"pid {pid} is no longer this host's sshd; left alone"
-    sessions = descendants(pid)
+    sessions = namespace_processes(pid)  # also what a dropped connection left running
     _signal(pid, signal.SIGTERM)  # first the listener, so no new session starts
     for session in sessions:
         _signal(session, signal.SIGTERM)

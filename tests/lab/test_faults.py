@@ -24,7 +24,7 @@ import pytest
 
 from cdna2.host.probe import tree_digest
 from lab import kinds, wheelhouse
-from lab.labctl import descendants, stop_host
+from lab.labctl import descendants, namespace_processes, stop_host
 from tests.lab.conftest import run_lab_command
 from tests.lab.deploy_runner import PYINFRA, REPO, host_snapshot, run_pyinfra, site_packages, ssh
 
@@ -103,9 +103,10 @@ def rollback(report_dir: Path) -> None:
 
 
 def wait_sessions_gone(lab_host: dict, timeout_s: float = 60) -> None:
-    """Wait until the host has no SSH session left (a command of a killed controller may still be finishing)."""
+    """Wait until the host runs nothing but its sshd (a command of a killed controller may still be finishing: its
+    session's sshd has exited, so it is no longer below the host's sshd, but it is still in the host's namespace)."""
     deadline = time.monotonic() + timeout_s
-    while descendants(lab_host["pid"]):
+    while namespace_processes(lab_host["pid"]):
         assert time.monotonic() < deadline, f"{lab_host['name']}: sessions still running after {timeout_s} s"
         time.sleep(0.2)
 
