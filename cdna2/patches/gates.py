@@ -237,13 +237,14 @@ def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: 
 def run_runner(python: Path, spec: dict) -> dict:
     result = subprocess.run([str(python), str(RUNNER)], input=json.dumps(spec), capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError(f"{RUNNER} failed (exit {result.returncode}) for {spec['stock']}:\n{result.stderr[-4000:]}")
+        releases = ", ".join(release["version"] for release in spec["releases"])
+        raise RuntimeError(f"{RUNNER} failed (exit {result.returncode}) for vLLM {releases}:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout)
 
 
-def evaluate_release(version: str, catalog: Catalog, work_dir: Path, progress: Progress) -> ReleaseGates:
-    """Unpack (cached), copy, patch and evaluate one release; ``work_dir`` holds the patched copy."""
-    from lab import torchvenv, wheelhouse
+def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Progress) -> tuple[ReleaseGates, dict]:
+    """Unpack (cached), copy and patch one release; the runner's entry for it. ``work_dir`` holds the patched copy."""
+    from lab import wheelhouse
 
     requirement = f"vllm=={version}"
     progress(f"vLLM {version}: unpacking the wheel (cached after the first run)")
@@ -251,27 +252,35 @@ def evaluate_release(version: str, catalog: Catalog, work_dir: Path, progress: P
     copy = wheelhouse.copy_subset(tree, catalog.target_files("vllm"), work_dir / "site-packages")
     release = ReleaseGates(version=version, patch_status="")
     patched = patch_copy(catalog, copy, release, work_dir / "backups")
-    progress(f"vLLM {version}: {'patched with ' + ', '.join(release.applied_sets) if patched else 'not patched'}; "
-             f"evaluating the gates")
-    spec = {"stock": str(tree), "patched": str(copy) if patched else None, "arches": list(ARCHES),
-            "environment": ENVIRONMENT, "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}
-    release.answers = run_runner(torchvenv.torch_cpu_python(), spec)
-    release.failures = judge(release)
-    return release
+    progress(f"vLLM {version}: {'patched with ' + ', '.join(release.applied_sets) if patched else 'not patched'}")
+    return release, {"version": version, "stock": str(tree), "patched": str(copy) if patched else None}
 
 
 def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda line: None,
              workers: int = 2) -> list[ReleaseGates]:
-    """Every release in ``versions``, ``workers`` at a time (each runner is one busy process), in the given order."""
+    """Every release in ``versions``, in the given order: ``workers`` runners (each one busy process) share them.
+
+    A runner imports torch and what vLLM pulls in from outside itself once, then forks a child per release, tree
+    and arch: that import (about 10 CPU-s) is paid per runner, not per release.
+    """
     catalog = load_catalog()
     progress("torch-CPU venv: building or reusing it")
     from lab import torchvenv
 
-    torchvenv.torch_cpu_python()
+    python = torchvenv.torch_cpu_python()
     with tempfile.TemporaryDirectory(prefix="cdna2-gates-") as scratch:
+        prepared = [prepare_release(version, catalog, Path(scratch) / version, progress) for version in versions]
+        shares = [[entry for _, entry in prepared[index::workers]] for index in range(workers)]
+        progress(f"evaluating the gates of {len(prepared)} releases in {workers} runners")
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(lambda version: evaluate_release(version, catalog, Path(scratch) / version,
-                                                                  progress), versions))
+            answers = {version: found for share_answers in pool.map(lambda share: run_runner(python, {
+                "releases": share, "arches": list(ARCHES), "environment": ENVIRONMENT,
+                "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}) if share else {}, shares)
+                       for version, found in share_answers.items()}
+    for release, _ in prepared:
+        release.answers = answers[release.version]
+        release.failures = judge(release)
+    return [release for release, _ in prepared]
 
 
 def command(json_path: Path | None) -> int:

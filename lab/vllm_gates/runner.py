@@ -1,8 +1,8 @@
 """Evaluate vLLM's arch gates, as vLLM's own code decides them, for one release on a pretend gfx90a and gfx942.
 
 Usage, inside the torch-CPU venv (lab/torchvenv.py):  python runner.py < SPEC.json > RESULT.json
-SPEC: {"stock": DIR, "patched": DIR or null, "arches": ["gfx90a", "gfx942"], "environment": {NAME: VALUE},
-"bytecode_cache": DIR or null}.
+SPEC: {"releases": [{"version": V, "stock": DIR, "patched": DIR or null}, ...], "arches": ["gfx90a", "gfx942"],
+"environment": {NAME: VALUE}, "bytecode_cache": DIR or null}; RESULT: {V: {"stock"|"patched": {arch: outcome}}}.
 ``stock`` is an unpacked vLLM tree (site-packages layout); ``patched`` holds only the files the patch engine wrote
 (and the dist-info), which shadow the stock files of the same path.
 
@@ -86,11 +86,11 @@ def _future_flags(tree: ast.Module) -> int:
     return flags
 
 
-def _bind_unavailable(node: ast.Import | ast.ImportFrom, namespace: dict, error: Exception) -> None:
+def _bind_unavailable(names: tuple[tuple[str, str], ...], namespace: dict, error: Exception) -> None:
+    """Bind each name a failed import would have bound (``names``: imported name, bound name) to a marker."""
     reason = f"{type(error).__name__}: {error}"
-    for alias in node.names:
-        bound = alias.asname or alias.name.split(".")[0]
-        namespace[bound] = Unavailable(alias.name, reason)
+    for imported, bound in names:
+        namespace[bound] = Unavailable(imported, reason)
         SUBSTITUTIONS.unavailable.setdefault(namespace["__name__"], {})[bound] = reason
 
 
@@ -102,27 +102,38 @@ def _without_bases(node: ast.ClassDef) -> ast.ClassDef:
 
 IMPORT, CLASS, OTHER = "import", "class", "other"
 BYTECODE_CACHE: Path | None = None  # set from the spec: compiled statements, keyed by the source bytes
+STATEMENTS_FORMAT = b"2"  # what one cached statement holds (part of the key)
 
 
-def _compile_statements(path: str, source: bytes) -> list[tuple[str, int, object]]:
+def _compile_statements(path: str, source: bytes) -> list[tuple[str, int, object, object]]:
+    """(kind, line, code, fallback) per top-level statement. The fallback is what the loader needs when the statement
+    fails, made here so that no process parses a module again: for an import, (imported name, bound name) pairs; for
+    a class, its name and the class compiled without its bases."""
     tree = ast.parse(source, path)
     flags = _future_flags(tree)
     statements = []
     for node in tree.body:
-        kind = IMPORT if isinstance(node, (ast.Import, ast.ImportFrom)) else CLASS if isinstance(node, ast.ClassDef) \
-            else OTHER
         code = compile(ast.Module([node], []), path, "exec", flags=flags, dont_inherit=True)
-        statements.append((kind, node.lineno, code))
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = tuple((alias.name, alias.asname or alias.name.split(".")[0]) for alias in node.names)
+            statements.append((IMPORT, node.lineno, code, names))
+        elif isinstance(node, ast.ClassDef):
+            # Annotations stay unevaluated in the rebuilt class: they may name unavailable types.
+            rebuilt = compile(ast.Module([_without_bases(node)], []), path, "exec",
+                              flags=flags | __future__.annotations.compiler_flag, dont_inherit=True)
+            statements.append((CLASS, node.lineno, code, (node.name, rebuilt)))
+        else:
+            statements.append((OTHER, node.lineno, code, None))
     return statements
 
 
-def compiled_statements(path: str) -> list[tuple[str, int, object]]:
-    """(kind, line, code) per top-level statement; compiling vLLM statement by statement costs seconds per process,
+def compiled_statements(path: str) -> list[tuple[str, int, object, object]]:
+    """``_compile_statements`` of a file; compiling vLLM statement by statement costs seconds per process,
     so the code objects are kept in BYTECODE_CACHE (marshal, like a .pyc) under the hash of the source."""
     source = Path(path).read_bytes()
     if BYTECODE_CACHE is None:
         return _compile_statements(path, source)
-    key = hashlib.sha256(b"\0".join((sys.version.encode(), path.encode(), source))).hexdigest()
+    key = hashlib.sha256(b"\0".join((STATEMENTS_FORMAT, sys.version.encode(), path.encode(), source))).hexdigest()
     cached = BYTECODE_CACHE / f"{key}.marshal"
     if cached.is_file():
         return marshal.loads(cached.read_bytes())
@@ -144,32 +155,19 @@ class StatementLoader(importlib.abc.Loader):
         return None
 
     def exec_module(self, module) -> None:
-        for index, (kind, line, code) in enumerate(compiled_statements(self.path)):
+        for kind, line, code, fallback in compiled_statements(self.path):
             try:
                 exec(code, module.__dict__)
             except ImportError as error:
                 if kind != IMPORT:
                     raise
-                _bind_unavailable(self._node(index), module.__dict__, error)
+                _bind_unavailable(fallback, module.__dict__, error)
             except Exception as error:
                 if kind != CLASS:
                     raise ImportError(f"{self.path}:{line}: {type(error).__name__}: {error}") from error
-                self._rebuild_without_bases(index, module, error)
-
-    def _tree(self) -> ast.Module:
-        return ast.parse(Path(self.path).read_bytes(), self.path)
-
-    def _node(self, index: int) -> ast.stmt:
-        return self._tree().body[index]
-
-    def _rebuild_without_bases(self, index: int, module, error: Exception) -> None:
-        tree = self._tree()
-        node = tree.body[index]
-        # Annotations stay unevaluated in the rebuilt class: they may name unavailable types.
-        rebuilt = ast.Module([_without_bases(node)], [])
-        exec(compile(rebuilt, self.path, "exec", flags=_future_flags(tree) | __future__.annotations.compiler_flag,
-                     dont_inherit=True), module.__dict__)
-        SUBSTITUTIONS.rebuilt_classes.setdefault(module.__name__, {})[node.name] = f"{type(error).__name__}: {error}"
+                name, rebuilt = fallback
+                exec(rebuilt, module.__dict__)
+                SUBSTITUTIONS.rebuilt_classes.setdefault(module.__name__, {})[name] = f"{type(error).__name__}: {error}"
 
 
 class AiterDouble(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -369,6 +367,7 @@ def _record_op_registrations(registered: list[str]) -> None:
 
 def run_configuration(roots: list[Path], arch: str, environment: dict[str, str]) -> dict:
     """In a fresh process: vLLM from ``roots`` on a pretend ``arch``, and what its gates answer there."""
+    sys.path.append(str(roots[-1]))  # the stock tree, for the dist-info only (vLLM reads its own version)
     os.environ.update(environment)
     os.environ["CDNA2_GATES_ARCH"] = arch
     sys.meta_path[:0] = [TreeFinder(roots), AiterDouble()]
@@ -431,19 +430,20 @@ def main() -> int:
     result_stream = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.path.insert(0, str(DOUBLES))
-    sys.path.append(spec["stock"])  # for the dist-info only (vLLM reads its own version); TreeFinder loads vllm.*
     import torch  # noqa: F401  (imported once, before the forks)
 
-    trees = {"stock": [Path(spec["stock"])]}
-    if spec.get("patched"):
-        trees["patched"] = [Path(spec["patched"]), Path(spec["stock"])]
-    results: dict[str, dict] = {label: {} for label in trees}
-    for label, roots in trees.items():
-        for arch in spec["arches"]:
-            outcome = in_child(run_configuration, roots, arch, spec["environment"])
-            if outcome["ok"] and len(results) * len(spec["arches"]) > 1:
-                _preload(outcome["result"].pop("modules_outside_vllm"))
-            results[label][arch] = outcome
+    results: dict[str, dict] = {}
+    for release in spec["releases"]:
+        trees = {"stock": [Path(release["stock"])]}
+        if release.get("patched"):
+            trees["patched"] = [Path(release["patched"]), Path(release["stock"])]
+        results[release["version"]] = {label: {} for label in trees}
+        for label, roots in trees.items():
+            for arch in spec["arches"]:
+                outcome = in_child(run_configuration, roots, arch, spec["environment"])
+                if outcome["ok"]:
+                    _preload(outcome["result"].pop("modules_outside_vllm"))
+                results[release["version"]][label][arch] = outcome
     json.dump(results, result_stream, indent=1, sort_keys=True)
     result_stream.close()
     return 0
