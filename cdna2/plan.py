@@ -47,6 +47,11 @@ def sudo_refusal(probe: dict[str, Any]) -> str | None:
             f"or log in as root")
 
 
+def develop_checkout(dist: dict[str, Any] | None) -> str | None:
+    """The git checkout of a develop-mode install (setup.py develop, pip install -e), None for a wheel."""
+    return dist["location"] if dist and dist.get("install_mode") == "develop" else None
+
+
 def target_env_error(probe: dict[str, Any]) -> str | None:
     """Why the host's target Python environment cannot be provisioned (or not reached as root), or None."""
     refusal = sudo_refusal(probe)
@@ -56,6 +61,9 @@ def target_env_error(probe: dict[str, Any]) -> str | None:
     if not python["is_target"]:
         return (f"target Python {python['target']} is missing on the host: install the Python environment that "
                 f"holds AITER there, or set `target_python` to its interpreter")
+    aiter = probe["distributions"].get("amd-aiter")
+    if develop_checkout(aiter) and aiter["checkout_error"]:
+        return f"amd-aiter is installed in develop mode from {aiter['location']}, but {aiter['checkout_error']}"
     return None
 
 

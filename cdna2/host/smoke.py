@@ -179,7 +179,8 @@ def read_host(site_packages: Path, state_dir: Path) -> HostView:
     errors: list[str] = []
     distributions = probe.read_distributions(errors)
     records = probe.read_records(distributions, errors)
-    aiter = probe.read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors)
+    aiter = probe.read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors,
+                             facts=probe.read_develop_aiter(distributions, ()))
     try:
         tool_state = state.read_state(state_dir)
     except (OSError, ValueError) as error:
@@ -330,6 +331,13 @@ def check_record(view: HostView) -> dict:
     for package in PATCHED_PACKAGES:
         dist = view.distributions.get(package)
         if dist is None:
+            continue
+        if dist.get("install_mode") == "develop":  # a git checkout: uncommitted work there is the operator's own
+            status = probe.checkout_status(dist["location"])
+            if status["error"]:
+                mismatches.append(f"{package}: {status['error']}")
+            counts.append(f"{package} (a develop checkout: git HEAD is the oracle of the patched files, checked by "
+                          f"patch_sets_applied)")
             continue
         found = probe.record_mismatches(Path(dist["location"]), view.records[package],
                                         skip_paths=touched.get(package, set()))
