@@ -46,6 +46,12 @@ def cached_checkout(tag: str, progress: venvs.Progress) -> Path:
             _git("-C", str(staging), "config", "core.trustctime", "false")
             _git("-C", str(staging), "-c", "advice.detachedHead=false", "checkout", "-q", tag)
             staging.rename(checkout)
+        # A host that wrote one of its files in place wrote it here too (hard links): never hand that on.
+        changed = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain"], check=True,
+                                 capture_output=True, text=True).stdout
+    if changed:
+        raise RuntimeError(f"the cached AITER checkout {checkout} differs from {tag}, edited in place through a lab "
+                           f"host's hard link:\n{changed}restore it (git -C {checkout} checkout -- .) or remove it")
     return checkout
 
 

@@ -66,7 +66,9 @@ def test_develop_checkout_is_deployed_verified_and_rolled_back_to_a_clean_git_st
     again = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
     assert again.returncode == 0 and again.row(name)["changes"] == [], again.row(name)
 
-    (checkout / "README.md").write_text("the operator's own work in progress\n")
+    # Replaced, not written in place: the checkout's files are hard links into the machine's cached clone.
+    (checkout / "README.md.edited").write_text("the operator's own work in progress\n")
+    (checkout / "README.md.edited").rename(checkout / "README.md")
     verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
     assert verified.returncode == 0 and verified.row(name)["steps"]["verify"] == {
         "status": "ok", "detail": "as deployed"}, verified.output[-3000:]

@@ -25,7 +25,8 @@ from cdna2.host.probe import checkout_path, file_content, git_hash_field, record
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
 from cdna2.patches.coverage import DEFAULT_AITER_GIT
-from cdna2.plan import develop_checkout, target_env_error
+from cdna2.plan import FAIL, PROCEED, develop_checkout, kernels_decision, target_env_error
+from cdna2.report import HostRow, summarise_probe
 from cdna2.translated import KernelSourceError, ensure_source
 from tests.unit.test_probe import PROBE_SCRIPT
 
@@ -248,3 +249,23 @@ def test_the_kernel_source_is_checked_against_git_head(checkout: Path, tmp_path:
     git(checkout, "checkout", "--", ".")
     source = ensure_source(tmp_path / "cache", digest, fetch_from(checkout / "hsa"), checkout=str(checkout))
     assert tree_digest(source, git_hash_field) == digest
+
+
+def test_kernels_step_and_report_name_the_checkout(checkout: Path, tmp_path: Path, catalog) -> None:
+    pip_editable(tmp_path / "site", checkout)
+    probe = run_probe(tmp_path, [tmp_path / "site"], catalog)
+    probe["gpu"] = {"arch": "gfx90a", "arches": ["gfx90a"], "source": "test", "agents": [  # no GPU here
+        {"arch": "gfx90a", "marketing_name": "AMD Instinct MI210", "compute_units": 104, "chip_id": "0x740f"}]}
+    assert kernels_decision(probe, True) == (PROCEED, f"gfx942 tree {probe['aiter']['gfx942_record_digest'][:12]} "
+                                                      f"({KERNELS} files)")
+    row = HostRow(host="mi210-x")
+    summarise_probe(row, probe)
+    commit = probe["distributions"]["amd-aiter"]["commit"]
+    assert f"amd-aiter {VERSION} is a develop checkout: {checkout} at commit {commit[:12]} (git HEAD is the " \
+           f"pristine oracle)" in row.notes
+
+    shutil.rmtree(checkout / "hsa" / "gfx942")
+    gone = run_probe(tmp_path, [tmp_path / "site"], catalog)
+    gone["gpu"] = probe["gpu"]
+    assert kernels_decision(gone, True) == (FAIL, f"{checkout}/hsa/gfx942 is in git HEAD but missing on disk: restore "
+                                                  f"it (git checkout -- hsa/gfx942 in {checkout})")
