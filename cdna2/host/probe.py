@@ -631,7 +631,9 @@ def checkout_status(checkout: str) -> dict:
     that differ from HEAD or are gone, and untracked paths that are not ignored (our kernel trees among them)."""
     found: dict = {"git": checkout, "mismatched": [], "missing": [], "untracked": [], "error": None}
     try:
-        entries = run_git(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=normal").split("\0")
+        # Submodules (AITER's 3rdparty/composable_kernel) hold nothing this tool writes: not walked.
+        entries = run_git(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=normal",
+                          "--ignore-submodules=all").split("\0")
     except GitError as error:
         found["error"] = str(error)
         return found
