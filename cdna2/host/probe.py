@@ -105,7 +105,7 @@ def tree_digest(root: str | os.PathLike, hash_field: Callable[[bytes], str] = re
     A tree installed from a wheel has the same digest as ``record_tree_digest`` of the wheel's RECORD for that
     subtree, so a host's kernel tree can be compared with what its RECORD promises without reading the files twice.
     ``__pycache__`` directories are left out on both sides. With ``hash_field=git_hash_field`` it is the digest
-    ``git_head_tree_digest`` computes from a git commit's blob ids instead.
+    ``read_develop_aiter`` computes from the blob ids of a checkout's git HEAD instead.
     """
     entries = []
     for directory, subdirs, files in os.walk(root):
@@ -564,7 +564,7 @@ def editable_checkout(dist: dict) -> str | None:
 
 
 class GitError(Exception):
-    pass
+    """git is missing, or could not read the checkout; the message says which, and where."""
 
 
 def find_program(name: str) -> str | None:
