@@ -18,7 +18,7 @@ from cdna2.agent import agent_dir
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
-from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, disk_space_problem,
+from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, develop_checkout, disk_space_problem,
                         installed_versions, kernels_decision, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
@@ -147,7 +147,8 @@ else:
             report.step(host.name, step, SKIPPED, skip_patches or stale)
             continue
         files, record = probe_files(probe, package)
-        plan = plan_package_once(catalog, package, found["version"], files, record, data.optional_patch_sets)
+        plan = plan_package_once(catalog, package, found["version"], files, record, data.optional_patch_sets,
+                                 checkout=develop_checkout(found))
         report.host(host.name).details[step] = plan.to_json()
         patch_sets[package] = plan.sets
         status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)

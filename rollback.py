@@ -62,4 +62,5 @@ rolled_back(name="rollback: AITER and vLLM are stock again", plan=plan, triton=t
 if not env_error:
     stock_files_verified(name="record: every AITER and vLLM file matches RECORD", report=report,
                          packages=PACKAGES, target_python=data.target_python, rocm_root=data.rocm_root,
-                         state_dir=data.state_dir)
+                         state_dir=data.state_dir,
+                         patched={package: list(backup["files"]) for package, backup in probe["backups"].items()})

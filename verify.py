@@ -11,12 +11,13 @@ audit version than the host's data and this tool give now. Nothing on any host c
 from pyinfra import host, inventory, state
 
 from cdna2.agent import agent_dir
-from cdna2.drift import find_drift
+from cdna2.drift import checkout_changes, find_drift
+from cdna2.host.probe import checkout_path
 from cdna2.fp8_configs import with_config_targets
 from cdna2.kernels.hazards import AUDIT_VERSION
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
-from cdna2.plan import sudo_refusal, with_data_arch
+from cdna2.plan import develop_checkout, sudo_refusal, with_data_arch
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import host_probe
 from operations.patches import probe_files
@@ -45,7 +46,8 @@ for package in deployed_sets:
     if found is not None:
         files, record = probe_files(probe, package)
         plans[package] = plan_package_once(catalog, package, found["version"], files, record,
-                                           [name for name in deployed_sets[package] if name in catalog.optional_sets()])
+                                           [name for name in deployed_sets[package] if name in catalog.optional_sets()],
+                                           checkout=develop_checkout(found))
 
 refusal = sudo_refusal(probe)  # unprivileged, the probe cannot see what the deploy left
 drift = [refusal] if refusal else find_drift(probe, plans, {"policy": data.kernel_hazard_policy,
@@ -53,5 +55,11 @@ drift = [refusal] if refusal else find_drift(probe, plans, {"policy": data.kerne
 if (((probe["state"] or {}).get("deployed") or {}).get("kernel_hazards") or {}).get("policy") == "permissive":
     report.host(host.name).notes.append("kernels installed under kernel_hazard_policy permissive: kernels short of "
                                         "gfx90a's MFMA wait states in straight-line code may be among them")
+for package, status in sorted(probe["record_check"].items()):
+    if "git" in status and not status["error"]:  # a develop checkout: the operator's own changes are named only
+        _, others = checkout_changes(status, {checkout_path(path) for path in catalog.target_files(package)})
+        if others:
+            report.host(host.name).notes.append(f"{package} checkout {status['git']}: differ from git HEAD, not ours "
+                                                f"(left as they are): {', '.join(others[:10])}")
 report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
 drift_free(name="verify: the host is as deployed", drift=drift)

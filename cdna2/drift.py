@@ -9,9 +9,13 @@ overwrite.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Mapping
 
 from cdna2.plan import installed_versions
+
+# Untracked paths of a develop checkout that a deploy puts there: the translated tree and its previous copy.
+CHECKOUT_TREES = ("hsa/gfx90a/", "hsa/.gfx90a.previous/")
 
 
 def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
@@ -64,8 +68,23 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
         elif config_files[path]["current"] != installed:
             drift.append(f"fp8 config {name} edited since the deploy installed it")
     for package, result in sorted(probe["record_check"].items()):
+        if "git" in result:  # a develop checkout: see checkout_changes
+            if result["error"]:
+                drift.append(f"{package} checkout {result['git']} not checked: {result['error']}")
+            continue
         edited = [path for path in result["mismatched"] if path not in patched_files]
         if edited or result["missing"]:
             drift.append(f"{package} files differ from RECORD: "
                          + ", ".join((edited + [f"{path} (missing)" for path in result["missing"]])[:10]))
     return drift
+
+
+def checkout_changes(status: Mapping[str, Any], ours: Collection[str]) -> tuple[list[str], list[str]]:
+    """A develop checkout's ``git status`` (the probe's ``checkout_status``) split into what this tool writes there
+    (``ours``: files by their repository path, and the kernel trees) and the rest, the operator's own work in
+    progress, which is named but never overwritten or counted as drift."""
+    own, others = [], []
+    for path in (*status["mismatched"], *status["missing"], *status["untracked"]):
+        mine = path in ours or any(path.startswith(tree) for tree in CHECKOUT_TREES)
+        (own if mine else others).append(path)
+    return own, others

@@ -47,6 +47,11 @@ def sudo_refusal(probe: dict[str, Any]) -> str | None:
             f"or log in as root")
 
 
+def develop_checkout(dist: dict[str, Any] | None) -> str | None:
+    """The git checkout of a develop-mode install (setup.py develop, pip install -e), None for a wheel."""
+    return dist["location"] if dist and dist.get("install_mode") == "develop" else None
+
+
 def target_env_error(probe: dict[str, Any]) -> str | None:
     """Why the host's target Python environment cannot be provisioned (or not reached as root), or None."""
     refusal = sudo_refusal(probe)
@@ -56,6 +61,9 @@ def target_env_error(probe: dict[str, Any]) -> str | None:
     if not python["is_target"]:
         return (f"target Python {python['target']} is missing on the host: install the Python environment that "
                 f"holds AITER there, or set `target_python` to its interpreter")
+    aiter = probe["distributions"].get("amd-aiter")
+    if develop_checkout(aiter) and aiter["checkout_error"]:
+        return f"amd-aiter is installed in develop mode from {aiter['location']}, but {aiter['checkout_error']}"
     return None
 
 
@@ -71,11 +79,14 @@ def kernels_decision(probe: dict[str, Any], enabled: bool) -> tuple[str, str]:
         return SKIP, reason
     if probe["distributions"]["amd-aiter"] is None:
         return FAIL, "amd-aiter is not installed in the target environment: enable install_wheels or install it"
-    aiter = probe["aiter"]
+    aiter, checkout = probe["aiter"], develop_checkout(probe["distributions"]["amd-aiter"])
+    listing = "its checkout's git HEAD" if checkout else "its RECORD"
     if not aiter or not aiter["gfx942_record_digest"] or not aiter["gfx942_record_files"]:
-        return SKIP, "this amd-aiter lists no hsa/gfx942 kernel tree in its RECORD: nothing to translate"
+        return SKIP, f"this amd-aiter lists no hsa/gfx942 kernel tree in {listing}: nothing to translate"
     if not aiter["gfx942_on_disk"]:
-        return FAIL, f"{aiter['hsa_root']}/gfx942 is listed in RECORD but missing on disk: reinstall amd-aiter"
+        return FAIL, (f"{aiter['hsa_root']}/gfx942 is in git HEAD but missing on disk: restore it (git checkout -- "
+                      f"hsa/gfx942 in {checkout})" if checkout else
+                      f"{aiter['hsa_root']}/gfx942 is listed in RECORD but missing on disk: reinstall amd-aiter")
     return PROCEED, f"gfx942 tree {aiter['gfx942_record_digest'][:12]} ({aiter['gfx942_record_files']} files)"
 
 

@@ -74,6 +74,10 @@ def summarise_probe(row: HostRow, probe: dict[str, Any]) -> None:
     row.packages = installed_versions(probe)
     # Without its target environment a host cannot be provisioned; other probe remarks are worth reading only.
     (row.notes if probe["python"]["is_target"] else row.errors).extend(f"probe: {e}" for e in probe["errors"])
+    aiter = probe["distributions"].get("amd-aiter") or {}
+    if aiter.get("install_mode") == "develop":
+        row.notes.append(f"amd-aiter {aiter['version']} is a develop checkout: {aiter['location']} at commit "
+                         f"{(aiter['commit'] or 'unknown')[:12]} (git HEAD is the pristine oracle)")
 
 
 class RunReport:

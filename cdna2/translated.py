@@ -26,7 +26,7 @@ import yaml
 
 from cdna2.archive import tree_archive
 from cdna2.host.kernels import safe_extract
-from cdna2.host.probe import file_sha256, tree_digest
+from cdna2.host.probe import file_sha256, git_hash_field, record_hash, tree_digest
 from cdna2.kernels import Policy, cache_key, find_llvm
 from cdna2.kernels.hazards import AUDIT_VERSION, VERDICTS
 from cdna2.host.state import write_file_atomically
@@ -99,8 +99,12 @@ def adapt_tree(tree: Path, adaptations: list[dict]) -> list[dict]:
     return applied
 
 
-def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Path:
-    """The cached gfx942 tree with ``digest``; when absent, ``fetch(archive)`` downloads one and it is verified."""
+def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None], checkout: str | None = None) -> Path:
+    """The cached gfx942 tree with ``digest``; when absent, ``fetch(archive)`` downloads one and it is verified.
+
+    ``checkout``: the host's AITER is this develop checkout, and ``digest`` is made of git HEAD's blob ids
+    (cdna2.host.probe.read_develop_aiter), which the fetched files are hashed to again.
+    """
     source = cache / "sources" / digest / "gfx942"
     if source.is_dir():
         return source
@@ -112,7 +116,11 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None]) -> Pa
         fetch(archive)
         safe_extract(archive, staging)  # files and directories only: the archive comes from a host
         archive.unlink()
-        found = tree_digest(staging / "gfx942")
+        found = tree_digest(staging / "gfx942", git_hash_field if checkout else record_hash)
+        if found != digest and checkout:
+            raise KernelSourceError(
+                f"{checkout}/hsa/gfx942 differs from the checkout's git HEAD (tree {digest[:12]} in HEAD, "
+                f"{found[:12]} on disk): uncommitted or untracked kernel files; commit or stash them there")
         if found != digest:
             raise KernelSourceError(
                 f"the gfx942 tree fetched for {digest[:12]} has digest {found[:12]}: the files on the host differ "

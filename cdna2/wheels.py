@@ -314,6 +314,8 @@ def plan_wheels(matrix: Matrix, probe: Mapping, *, pins: Mapping[str, str | None
         # An install cut short (no RECORD) is no install: pip would call it satisfied, and cannot uninstall it.
         cut_short = found is not None and found.get("complete") is False
         up_to_date = found is not None and not cut_short and version_satisfies(found["version"], spec.version)
+        if name == "amd-aiter" and found is not None and found.get("install_mode") == "develop":
+            continue  # a develop checkout is the operator's own source tree: a wheel never replaces it
         if name == "amd-aiter" and not up_to_date:
             _refuse_source_build(spec, found, matrix.path)
         if name == "triton" and up_to_date and actions:

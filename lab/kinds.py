@@ -59,6 +59,8 @@ class Kind:
     gpu: Gpu
     rocm_version: str  # written to the stand-in /opt/rocm/.info/version
     extra_packages: tuple[str, ...]  # installed with --no-deps on top of BASE_PACKAGES
+    # A git tag of AITER: the host's AITER is a develop-mode checkout of it (lab/develop.py), not the wheel.
+    aiter_checkout: str | None = None
 
     @property
     def packages(self) -> tuple[str, ...]:
@@ -70,6 +72,11 @@ KINDS = (
     Kind(key="mi210-rocm7", group="mi210", gpu=MI210, rocm_version="7.14.0", extra_packages=("vllm==0.26.0",)),
     Kind(key="mi300x-rocm7", group="mi300x", gpu=MI300X, rocm_version="7.14.0", extra_packages=()),
 )
+# Opt-in (``./lab/up --aiter develop``): every host of such a lab is this kind, a gfx90a host whose AITER is a git
+# checkout of a tag installed in develop mode, as AITER's README installs it.
+DEVELOP_KIND = Kind(key="mi210-develop", group="mi210", gpu=MI210, rocm_version="7.14.0", extra_packages=(),
+                    aiter_checkout="v0.1.19")
+AITER_MODES = ("wheel", "develop")
 
 
 @dataclass(frozen=True)
@@ -90,8 +97,8 @@ def _letters(index: int) -> str:
     return suffix
 
 
-def plan_host(index: int, subnet: str) -> PlannedHost:
-    kind = KINDS[index % len(KINDS)]
+def plan_host(index: int, subnet: str, aiter: str = "wheel") -> PlannedHost:
+    kind = DEVELOP_KIND if aiter == "develop" else KINDS[index % len(KINDS)]
     return PlannedHost(index=index, name=f"{kind.group}-{_letters(index)}", kind=kind, address=f"{subnet}.{index + 1}")
 
 
@@ -107,13 +114,13 @@ def check_host_count(count: int) -> None:
         raise ValueError(f"a lab has 1 to {MAX_HOSTS} hosts (one loopback address each), not {count}")
 
 
-def plan_hosts(count: int, subnet: str) -> list[PlannedHost]:
+def plan_hosts(count: int, subnet: str, aiter: str = "wheel") -> list[PlannedHost]:
     check_host_count(count)
-    return [plan_host(index, subnet) for index in range(count)]
+    return [plan_host(index, subnet, aiter) for index in range(count)]
 
 
 def kind_by_key(key: str) -> Kind:
-    for kind in KINDS:
+    for kind in (*KINDS, DEVELOP_KIND):
         if kind.key == key:
             return kind
     raise KeyError(f"unknown lab host kind {key!r}; known kinds: {', '.join(k.key for k in KINDS)}")

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from cdna2.host.state import write_file_atomically
-from lab import kinds, mirror, venvs, wheelhouse
+from lab import develop, kinds, mirror, venvs, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent
 LAB_FORMAT = 1
@@ -321,6 +321,8 @@ def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost) -> None:
     (host_dir / "tmp").chmod(0o1777)
     write_atomically(host_dir / HOST_FILE_BINDS["/root/.bashrc"], HOST_BASHRC)
     venvs.provision_host_venv(planned.kind, host_dir / "venv", progress)
+    if planned.kind.aiter_checkout:
+        develop.install_checkout(planned.kind, host_dir, progress)
     write_atomically(host_dir / "sshd_config", sshd_config_text(paths, planned))
 
 
@@ -376,7 +378,10 @@ def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
         "gpu_count": len(planned.kind.gpu.bdfids),
         "rocm_version": planned.kind.rocm_version,
         "python_env": venvs.VENV_MOUNT,
-        "packages": list(planned.kind.packages),
+        "packages": ([f"amd-aiter {planned.kind.aiter_checkout} (develop checkout)",
+                      *(p for p in planned.kind.packages if p != wheelhouse.AITER)]
+                     if planned.kind.aiter_checkout else list(planned.kind.packages)),
+        "aiter_checkout": str(host_dir / develop.CHECKOUT_DIR) if planned.kind.aiter_checkout else None,
         "pid": process.pid,
         "host_dir": str(host_dir),
         "sshd_config": str(host_dir / "sshd_config"),
@@ -450,7 +455,7 @@ def remove_login_users(users: dict[str, str]) -> None:
         subprocess.run(["userdel", "--remove", user], check=True, capture_output=True)
 
 
-def _new_lab(paths: LabPaths, subnet: str, login: str) -> dict:
+def _new_lab(paths: LabPaths, subnet: str, login: str, aiter: str) -> dict:
     ssh = {"user": "root", "key": str(paths.client_key), "known_hosts": str(paths.known_hosts), "sudo": False}
     if login == "sudo":
         users = login_users(paths)
@@ -460,6 +465,7 @@ def _new_lab(paths: LabPaths, subnet: str, login: str) -> dict:
         "lab_dir": str(paths.root),
         "subnet": subnet,
         "login": login,
+        "aiter": aiter,
         "ssh": ssh,
         "hosts": [],
     }
@@ -480,7 +486,7 @@ def check_lab_dir_outside_binds(paths: LabPaths) -> None:
                              f"own; set CDNA2_LAB_DIR to a directory outside {', '.join(HOST_BINDS)}")
 
 
-def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None) -> dict:
+def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None, aiter: str | None = None) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
     check_lab_dir_outside_binds(paths)
@@ -495,14 +501,17 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
         if lab is not None and login is not None and lab.get("login", "root") != login:
             raise SystemExit(f"the lab in {paths.root} logs in as {lab.get('login', 'root')}, not {login}; "
                              f"run ./lab/down first to change it")
-        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root")
+        if lab is not None and aiter is not None and lab.get("aiter", "wheel") != aiter:
+            raise SystemExit(f"the lab in {paths.root} holds AITER as a {lab.get('aiter', 'wheel')}, not {aiter}; "
+                             f"run ./lab/down first to change it")
+        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root", aiter or "wheel")
         paths.root.mkdir(parents=True, exist_ok=True)
         ensure_controller_paths()
         ensure_client_key(paths)
         if lab["ssh"].get("sudo"):
             ensure_login_users(paths)
         recorded = {host["name"]: host for host in lab["hosts"]}
-        for planned in kinds.plan_hosts(count, lab["subnet"]):
+        for planned in kinds.plan_hosts(count, lab["subnet"], lab.get("aiter", "wheel")):
             host = recorded.get(planned.name)
             if host is not None and host_alive(host):
                 progress(f"{planned.name}: running (pid {host['pid']}), left alone")
@@ -630,6 +639,10 @@ def build_parser() -> argparse.ArgumentParser:
     up_parser.add_argument("--login", choices=LOGINS, help="how the deploy logs in: root (default), or an "
                                                         "unprivileged user with passwordless sudo (fixed once the "
                                                         "lab exists)")
+    up_parser.add_argument("--aiter", choices=kinds.AITER_MODES, help="wheel (default): the kinds' AITER wheel; "
+                                                                   "develop: every host is kind mi210-develop, its "
+                                                                   "AITER a git checkout in develop mode (fixed once "
+                                                                   "the lab exists)")
     up_parser.add_argument("--json", action="store_true", help="print lab.json's content on stdout")
     down_parser = commands.add_parser("down", help="stop the recorded hosts and remove the lab's state")
     down_parser.add_argument("--json", action="store_true")
@@ -650,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, paths: LabPaths) -> int:
     if args.command == "up":
         started = time.monotonic()
-        lab = up(paths, args.count, args.subnet, args.login)
+        lab = up(paths, args.count, args.subnet, args.login, args.aiter)
         progress(f"up: {len(lab['hosts'])} host(s) in {time.monotonic() - started:.1f} s")
         if args.json:
             print(json.dumps(lab, indent=2))

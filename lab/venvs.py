@@ -100,6 +100,17 @@ def template_for(kind: Kind, progress: Progress) -> Path:
     _fetch_wheels(kind.packages, progress)
     with wheelhouse.cache_lock("lab-venvs"):
         base = _base_template(progress)
+        if kind.aiter_checkout:
+            def populate_without_aiter(staging: Path) -> None:
+                progress(f"building {kind.key} venv: base without the amd-aiter wheel (a checkout replaces it)")
+                hard_link_copy(base, staging)
+                _run_at_venv_mount(staging, [f"{VENV_MOUNT}/bin/python", "-m", "pip", "uninstall", "-q", "-y",
+                                             "amd-aiter"])
+                for left in staging.glob("lib/python3*/site-packages/aiter_meta"):  # pip leaves its empty dirs
+                    shutil.rmtree(left)
+
+            return _build(_template_dir(kind.key, (*kind.packages, f"-{wheelhouse.AITER}")), progress,
+                          populate_without_aiter)
         if not kind.extra_packages:
             return base
 

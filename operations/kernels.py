@@ -12,7 +12,7 @@ from pyinfra.api.host import Host
 
 from cdna2.cache import cache_root
 from cdna2.kernels import Policy
-from cdna2.plan import upload_space_problem
+from cdna2.plan import develop_checkout, upload_space_problem
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
 from operations.agent import agent_command, lease_command
 from operations.report import record_failure
@@ -52,7 +52,8 @@ def translated_tree_for(source_host: Host, probe: dict, policy: Policy) -> Trans
             cache = cache_root() / "kernels"
             with _translation_locks.setdefault((digest, ""), threading.Lock()):  # one fetch per source tree
                 source = ensure_source(cache, digest, lambda archive: fetch_gfx942_tree(
-                    source_host, probe["aiter"]["hsa_root"], archive))
+                    source_host, probe["aiter"]["hsa_root"], archive),
+                    checkout=develop_checkout(probe["distributions"]["amd-aiter"]))
             _translations[digest, policy] = ensure_translation(
                 cache, digest, source, policy,
                 progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))

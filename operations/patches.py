@@ -23,7 +23,8 @@ def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dic
 def change_manifest(plan: PackagePlan, site_packages: str, state_dir: str) -> dict:
     """The transaction cdna2.host.txn runs: each staged file sits beside its target (same filesystem)."""
     return plan.transaction(site_packages, f"{state_dir}/backups/{plan.package}",
-                            {change.path: f"{site_packages}/{change.path}.cdna2-staged" for change in plan.changes})
+                            {change.path: f"{site_packages}/{plan.host_path(change.path)}.cdna2-staged"
+                             for change in plan.changes})
 
 
 @operation()
@@ -32,7 +33,7 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
     Apply a package's patch plan on the host, all or nothing, and make AITER's JIT forget what it built before.
 
     + plan: ``cdna2.patches.plan_package(...)`` for this host and package (made from the probe's file contents)
-    + site_packages: the directory holding the package on the host
+    + site_packages: the directory holding the package on the host (a develop AITER's checkout)
     + target_python: interpreter that runs the host agent
     + state_dir: the tool's state directory on the host (backups of the originals, staging)
 

@@ -6,6 +6,7 @@ from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from cdna2.agent import agent_dir
+from cdna2.drift import checkout_changes
 from cdna2.report import FAILED, RunReport
 from cdna2.rollback import RollbackPlan
 from cdna2.wheels import PipAction
@@ -64,16 +65,19 @@ def rolled_back(plan: RollbackPlan, triton: PipAction | None, target_python: str
 
 @operation()
 def stock_files_verified(report: RunReport, packages: list[str], target_python: str, rocm_root: str,
-                         state_dir: str):
+                         state_dir: str, patched: dict[str, list[str]] | None = None):
     """
     Check, after the rollback ran, that every AITER and vLLM file matches its RECORD.
 
     + report: the run report, which gets a ``record`` column per host
     + packages: the distributions to check
     + target_python, rocm_root, state_dir: as for the host probe
+    + patched: per package, the files the patch backups held before the rollback (paths under their root)
 
     The check reads the host (a fresh probe with a RECORD comparison) and changes nothing; it fails the host when
-    any file differs. During ``--dry`` nothing has been rolled back yet, so it only says it will run.
+    any file differs. During ``--dry`` nothing has been rolled back yet, so it only says it will run. A develop
+    AITER checkout is checked by ``git status`` instead: it fails on what the deploy wrote there (the patched
+    files, the kernel trees) differing from HEAD; the operator's own changes are named, not failed.
 
     **Example:**
 
@@ -92,6 +96,15 @@ def stock_files_verified(report: RunReport, packages: list[str], target_python: 
                        agent_dir=agent_dir(state_dir), record_check=packages)
     lines, bad = [], []
     for package, result in sorted(probe["record_check"].items()):
+        if "git" in result:
+            left, others = ([result["error"]], []) if result["error"] else checkout_changes(
+                result, set((patched or {}).get(package, ())))
+            lines.append(f"{package}: checkout {result['git']} " + (
+                f"differs from git HEAD where the deploy wrote: {', '.join(left[:10])}" if left
+                else "is at git HEAD where the deploy wrote") + (
+                f" (the operator's own changes, left: {', '.join(others[:10])})" if others else ""))
+            bad.extend(f"{package} {path}" for path in left)
+            continue
         differing = result["mismatched"] + result["missing"]
         lines.append(f"{package}: {result['checked'] - len(differing)}/{result['checked']} files match RECORD")
         bad.extend(f"{package} {path}" for path in differing)

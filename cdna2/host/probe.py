@@ -24,7 +24,7 @@ import select
 import sys
 import time
 import zlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from functools import lru_cache
 from stat import S_ISREG
 
@@ -60,6 +60,20 @@ def record_hash(data: bytes) -> str:
     return "sha256=" + _b64(digest).translate(_URLSAFE).rstrip("=")
 
 
+# A hash field in git's terms: the blob id git gives the bytes (the pristine oracle of a develop checkout).
+GIT_BLOB = "git-blob="
+
+
+def git_hash_field(data: bytes) -> str:
+    """``git-blob=<the id git hash-object gives data>``, computed without git."""
+    return GIT_BLOB + hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def hash_like(hash_field: str, data: bytes) -> str:
+    """The hash of ``data`` in the form of ``hash_field``: a git blob field, or a RECORD sha256 field."""
+    return git_hash_field(data) if hash_field.startswith(GIT_BLOB) else record_hash(data)
+
+
 def _read_bytes(path: str | os.PathLike) -> bytes:
     with open(path, "rb") as stream:
         return stream.read()
@@ -85,12 +99,13 @@ def _digest_of_entries(entries: list[tuple[str, str, str]]) -> str:
     return hashlib.sha256(lines.encode("utf-8")).hexdigest()
 
 
-def tree_digest(root: str | os.PathLike) -> str:
+def tree_digest(root: str | os.PathLike, hash_field: Callable[[bytes], str] = record_hash) -> str:
     """Digest of every regular file under ``root``: sha256 over sorted RECORD-style lines relative to ``root``.
 
     A tree installed from a wheel has the same digest as ``record_tree_digest`` of the wheel's RECORD for that
     subtree, so a host's kernel tree can be compared with what its RECORD promises without reading the files twice.
-    ``__pycache__`` directories are left out on both sides.
+    ``__pycache__`` directories are left out on both sides. With ``hash_field=git_hash_field`` it is the digest
+    ``read_develop_aiter`` computes from the blob ids of a checkout's git HEAD instead.
     """
     entries = []
     for directory, subdirs, files in os.walk(root):
@@ -104,7 +119,7 @@ def tree_digest(root: str | os.PathLike) -> str:
             with open(path, "rb") as stream:
                 data = stream.read()
             relative = file_name if relative_dir == "." else f"{relative_dir}/{file_name}"
-            entries.append((relative, record_hash(data), str(len(data))))
+            entries.append((relative, hash_field(data), str(len(data))))
     return _digest_of_entries(entries)
 
 
@@ -516,6 +531,123 @@ def read_aiter(dist: dict | None, record_text: str, errors: list[str], installed
     return info
 
 
+# --- develop-mode AITER: a git checkout installed by setup.py develop or pip install -e ------------------------------
+
+# AITER's wheel installs the repository's csrc/, hsa/, ... under aiter_meta/ (its setup.py copies them there) and
+# aiter/ as it is; a develop checkout holds them at its root, where AITER's core.py then points AITER_META_DIR.
+WHEEL_META_DIR = "aiter_meta/"
+
+
+def checkout_path(installed: str) -> str:
+    """The repository path of the file AITER's wheel installs at ``installed`` (relative to site-packages)."""
+    return installed.removeprefix(WHEEL_META_DIR)
+
+
+def editable_checkout(dist: dict) -> str | None:
+    """The source tree of an editable install, or None for an installed wheel: pip install -e records it in
+    ``direct_url.json`` (PEP 610, ``dir_info.editable``); setup.py develop leaves ``<checkout>/<name>.egg-info``,
+    found on sys.path through its ``.egg-link`` / ``easy-install.pth``, beside the checkout's setup.py."""
+    metadata_dir = dist["metadata_dir"]
+    if metadata_dir.endswith(".egg-info"):
+        return dist["location"] if os.path.isfile(os.path.join(dist["location"], "setup.py")) else None
+    try:
+        direct_url = json.loads(_read_text(os.path.join(metadata_dir, "direct_url.json")))
+    except (OSError, ValueError):
+        return None
+    url = direct_url.get("url", "") if isinstance(direct_url, dict) else ""
+    if not (direct_url.get("dir_info") or {}).get("editable") or not url.startswith("file://"):
+        return None
+    # Percent-decoded by hand: urllib.parse costs the probe more than the rest of this.
+    path = re.sub(rb"%([0-9A-Fa-f]{2})", lambda found: bytes([int(found.group(1), 16)]),
+                  url[len("file://"):].encode("utf-8"))
+    return os.path.normpath(path.decode("utf-8", errors="replace"))
+
+
+class GitError(Exception):
+    """git is missing, or could not read the checkout; the message says which, and where."""
+
+
+def find_program(name: str) -> str | None:
+    """``name`` on $PATH (as the shell finds it), or None."""
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def run_git(checkout: str, *args: str) -> str:
+    """``git -C checkout ARGS``' stdout; GitError saying what went wrong and where."""
+    git = find_program("git")
+    if git is None:
+        raise GitError(f"git is not installed (not on PATH), and the checkout's git HEAD is its pristine oracle: "
+                       f"install git on the host")
+    try:
+        # --no-optional-locks: status must not rewrite the index of a checkout someone else owns.
+        code, stdout, stderr = run_program([git, "--no-optional-locks", "-C", checkout, *args], timeout=120)
+    except (OSError, TimeoutError) as error:
+        raise GitError(f"git {args[0]} in {checkout}: {error}") from error
+    if code != 0:
+        raise GitError(f"git {args[0]} in {checkout} exited {code}: {stderr.strip()[-300:]} (the develop checkout "
+                       f"must be a git work tree with a HEAD commit)")
+    return stdout
+
+
+def read_develop_aiter(distributions: dict, target_paths: Collection[str]) -> dict | None:
+    """For an AITER installed in develop mode: its distribution entry turned to the checkout (``location``, its
+    ``install_mode`` "develop", HEAD ``commit``, ``checkout_error``), and what a RECORD says of a wheel (in
+    ``record_facts``' shape) from the blob ids of HEAD. None for an installed wheel, having read one small file."""
+    dist = distributions.get("amd-aiter")
+    checkout = editable_checkout(dist) if dist else None
+    if checkout is None:
+        return None
+    dist.update(location=checkout, install_mode="develop", commit=None, checkout_error=None)
+    facts: dict = {"paths": sorted(target_paths), "targets": {}, "hsa_rel": None, "gfx942": None}
+    try:
+        dist["commit"] = run_git(checkout, "rev-parse", "--verify", "HEAD^{commit}").strip()
+        listing = run_git(checkout, "ls-tree", "-r", "-l", "-z", dist["commit"], "--", "hsa/gfx942",
+                          *sorted({checkout_path(path) for path in target_paths}))
+    except GitError as error:
+        dist["checkout_error"] = str(error)
+        return facts
+    kernels, blobs = [], {}
+    for row in listing.split("\0"):
+        meta, _, path = row.partition("\t")
+        fields = meta.split()
+        if len(fields) != 4 or fields[1] != "blob" or fields[0] == "120000":  # symlinks are no kernel files
+            continue
+        if path.startswith("hsa/gfx942/"):
+            kernels.append((path[len("hsa/gfx942/"):], GIT_BLOB + fields[2], fields[3]))
+        else:
+            blobs[path] = GIT_BLOB + fields[2]
+    facts["targets"] = {path: blobs[checkout_path(path)] for path in target_paths if checkout_path(path) in blobs}
+    if kernels:
+        facts["hsa_rel"], facts["gfx942"] = "hsa", (_digest_of_entries(kernels), len(kernels))
+    return facts
+
+
+def checkout_status(checkout: str) -> dict:
+    """``git status`` of a develop checkout, as ``record_mismatches`` reports a RECORD comparison: tracked files
+    that differ from HEAD or are gone, and untracked paths that are not ignored (our kernel trees among them)."""
+    found: dict = {"git": checkout, "mismatched": [], "missing": [], "untracked": [], "error": None}
+    try:
+        # Submodules (AITER's 3rdparty/composable_kernel) hold nothing this tool writes: not walked.
+        entries = run_git(checkout, "status", "--porcelain=v1", "-z", "--untracked-files=normal",
+                          "--ignore-submodules=all").split("\0")
+    except GitError as error:
+        found["error"] = str(error)
+        return found
+    renamed_from = False
+    for entry in entries:
+        if renamed_from or not entry:  # with -z a rename's source path is an entry of its own
+            renamed_from = False
+            continue
+        code, path = entry[:2], entry[3:]
+        renamed_from = code[0] in "RC"
+        found["untracked" if code == "??" else "missing" if "D" in code else "mismatched"].append(path)
+    return found
+
+
 def file_content(encoded: str) -> bytes:
     """The bytes of a patch target as ``read_patch_targets`` sends them (zlib, then base64)."""
     return zlib.decompress(binascii.a2b_base64(encoded))
@@ -536,8 +668,9 @@ def read_patch_targets(patch_files: dict, distributions: dict, target_records: d
             continue
         record = target_records.get(package, {})
         entries = {}
+        develop = dist.get("install_mode") == "develop"
         for rel in files:
-            path = os.path.join(dist["location"], rel)
+            path = os.path.join(dist["location"], checkout_path(rel) if develop else rel)
             if not os.path.isfile(path):
                 entries[rel] = None
                 continue
@@ -644,13 +777,18 @@ def probe(options: dict) -> dict:
     # RECORDs: read only where the controller's memo of this host does not match the file's stat any more, or for
     # a drift check (record_check), which reads every RECORD, every file it lists, and every kernel.
     memo = {} if record_check else options.get("record_memo", {})
+    # A develop AITER's RECORD lists only its path file: git HEAD is what the facts come from, on every probe.
+    develop = read_develop_aiter(distributions, patch_files.get("amd-aiter", ()))
     stats = {package: record_stat(distributions[package]["metadata_dir"])
-             for package in {"amd-aiter", *patch_files} if distributions.get(package)}
+             for package in {"amd-aiter", *patch_files} if distributions.get(package)
+             and not (develop and package == "amd-aiter")}
     reused = {package for package, stat in stats.items() if stat and (memo.get(package) or {}).get("stat") == stat
               and memo[package]["facts"].get("paths") == sorted(patch_files.get(package, ()))}
     records = read_records(distributions, errors, {*stats, *record_check} - reused)
     facts = {package: memo[package]["facts"] if package in reused
              else record_facts(package, records.get(package, ""), patch_files.get(package, ())) for package in stats}
+    if develop:
+        facts["amd-aiter"] = develop
     state = read_state(options["state_dir"], errors)
     installed_kernels = None if record_check else (state or {}).get("kernels")
     return {
@@ -671,7 +809,9 @@ def probe(options: dict) -> dict:
         "state_dir_free_bytes": free_bytes(os.path.join(options["state_dir"], "staging")),
         "agent": read_agent(options.get("agent_dir")),
         "backups": read_backups(options["state_dir"], errors),
-        "record_check": {package: record_mismatches(distributions[package]["location"], records[package])
+        "record_check": {package: checkout_status(distributions[package]["location"])
+                         if distributions[package].get("install_mode") == "develop"
+                         else record_mismatches(distributions[package]["location"], records[package])
                          for package in record_check if distributions.get(package)},
         "errors": errors,
         # This process's CPU since it started (interpreter start-up included) and its children's (rocminfo, to the

@@ -4,8 +4,9 @@
 hashes a host reported, what to write there. The host side (``cdna2.host.txn``, ``cdna2.host.jit``) executes it.
 """
 
+from cdna2.host.probe import record_hash
 from cdna2.patches.catalog import Catalog, PatchDataError, PatchSet, Site, Variant, load_catalog
-from cdna2.patches.planner import (FileChange, PackagePlan, SiteState, plan_package, plan_package_once, record_hash,
+from cdna2.patches.planner import (FileChange, PackagePlan, SiteState, plan_package, plan_package_once,
                                    sha256_hex)
 
 __all__ = ["Catalog", "FileChange", "PackagePlan", "PatchDataError", "PatchSet", "Site", "SiteState", "Variant",

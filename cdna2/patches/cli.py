@@ -75,7 +75,7 @@ def _stage(root: Path, plan: PackagePlan) -> dict[str, str]:
     """Write each new content next to its target (same filesystem, so the rename is atomic); path -> staged copy."""
     staged = {}
     for change in plan.changes:
-        target = root / change.path
+        target = root / plan.host_path(change.path)
         staged[change.path] = str(target.with_name(f".{target.name}.cdna2-staged"))
         with open(staged[change.path], "wb") as handle:
             handle.write(change.new_bytes)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from cdna2.cache import cache_root
 from cdna2.host import txn
-from cdna2.host.probe import record_hash
+from cdna2.host.probe import checkout_path, record_hash
 from cdna2.patches.catalog import Catalog
 from cdna2.patches.planner import PackagePlan, plan_package
 
@@ -123,7 +123,7 @@ def aiter_tree(git_dir: Path, ref: str, files: list[str]) -> Path:
     def build(staging: Path) -> None:
         present = []
         for relative in files:
-            repo_path = relative.removeprefix("aiter_meta/")
+            repo_path = checkout_path(relative)
             shown = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{ref}:{repo_path}"],
                                    capture_output=True)
             if shown.returncode == 0:

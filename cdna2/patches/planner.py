@@ -15,7 +15,7 @@ import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from cdna2.host.probe import record_hash
+from cdna2.host.probe import checkout_path, hash_like
 from cdna2.patches import matching
 from cdna2.patches.audit import audit
 from cdna2.patches.catalog import Catalog, Condition, PatchSet, Site, Variant
@@ -77,6 +77,13 @@ class PackagePlan:
     declined: dict[str, str] = field(default_factory=dict)  # optional set -> why upstream no longer has its feature
     notes: list[str] = field(default_factory=list)  # e.g. a version no variant was written for
     audit: list[str] = field(default_factory=list)  # arch gates that still matter for gfx90a after this plan
+    # A develop AITER's git checkout: its files sit at their repository paths there, and git HEAD is the pristine
+    # oracle (None: an installed wheel, RECORD the oracle).
+    checkout: str | None = None
+
+    def host_path(self, path: str) -> str:
+        """Where the file the catalog names ``path`` (wheel layout) is on the host, relative to the root."""
+        return checkout_path(path) if self.checkout else path
 
     def transaction(self, root: str, backup_dir: str, staged: Mapping[str, str]) -> dict:
         """The change manifest ``cdna2.host.txn apply`` runs; ``staged``: where each changed path's new bytes wait.
@@ -84,10 +91,12 @@ class PackagePlan:
         It names the package version the plan was made for, so the host can tell backups of an earlier
         installation (reinstalled or upgraded since it was patched) from this one's.
         """
-        # No version (""): files that belong to no package version (vLLM's tuned configs, cdna2.fp8_configs).
-        return {"root": root, "package": self.package, "version": self.installed_version or None,
-                "backup_dir": backup_dir,
-                "changes": [{"path": change.path, "expected_sha256": change.old_sha256, "staged": staged[change.path],
+        # No version (""): files that belong to no package version (vLLM's tuned configs, cdna2.fp8_configs). Nor
+        # for a develop checkout: its version is no installation that a reinstall could replace.
+        return {"root": root, "package": self.package,
+                "version": None if self.checkout else self.installed_version or None, "backup_dir": backup_dir,
+                "changes": [{"path": self.host_path(change.path), "expected_sha256": change.old_sha256,
+                             "staged": staged[change.path],
                              "new_sha256": change.new_sha256} for change in self.changes],
                 "jit_invalidations": self.jit_invalidations}
 
@@ -96,7 +105,7 @@ class PackagePlan:
                 "sets": self.sets, "variants": self.variants, "reasons": self.reasons,
                 "changes": [change.to_json() for change in self.changes],
                 "jit_invalidations": self.jit_invalidations, "sites": [site.to_json() for site in self.sites],
-                "declined": self.declined, "notes": self.notes, "audit": self.audit}
+                "declined": self.declined, "notes": self.notes, "audit": self.audit, "checkout": self.checkout}
 
 
 class _Refusal(Exception):
@@ -226,17 +235,26 @@ def _undo(path: str, text: str, sites: list[tuple[Site, SiteState]]) -> str:
     return original
 
 
-def _proven_original(path: str, text: str, sites: list[tuple[Site, SiteState]], record: Mapping[str, str]) -> None:
-    """Refuse unless the file with our patched sites undone hashes to its RECORD entry (nothing else was edited)."""
+def _proven_original(path: str, text: str, sites: list[tuple[Site, SiteState]], record: Mapping[str, str],
+                     checkout: str | None) -> None:
+    """Refuse unless the file with our patched sites undone hashes to its RECORD entry, or in a develop
+    ``checkout`` to its blob in git HEAD (nothing else was edited)."""
     expected = record.get(path)
+    where = f"{checkout}/{checkout_path(path)}" if checkout else path
     if not expected:
-        raise _Refusal(f"{path}: no RECORD hash, so the file cannot be proven pristine; reinstall the package")
+        raise _Refusal(f"{where}: not in the checkout's git HEAD, so it cannot be proven pristine: commit it"
+                       if checkout else f"{path}: no RECORD hash, so the file cannot be proven pristine; "
+                                        f"reinstall the package")
     try:
         original = _undo(path, text, sites)
     except matching.SpliceError as error:
-        raise _Refusal(f"{path}: a patched site cannot be undone ({error}); reinstall the package") from error
-    if record_hash(original.encode("utf-8")) != expected:
-        raise _Refusal(f"{path}: edited outside our patch sites (with our sites undone it does not match its RECORD "
+        raise _Refusal(f"{where}: a patched site cannot be undone ({error}); "
+                       + ("restore it from git" if checkout else "reinstall the package")) from error
+    if hash_like(expected, original.encode("utf-8")) != expected:
+        raise _Refusal(f"{where}: uncommitted changes outside our patch sites (with our sites undone it is not git "
+                       f"HEAD's {expected}); refusing to overwrite them: commit or stash them in {checkout}"
+                       if checkout else
+                       f"{path}: edited outside our patch sites (with our sites undone it does not match its RECORD "
                        f"hash {expected}); refusing to overwrite it: reinstall the package or restore the file")
 
 
@@ -282,7 +300,7 @@ def _undoes_to_record(combination: list[tuple[PatchSet, Variant, list[SiteState]
             original = _undo(path, texts[path], sites)
         except matching.SpliceError:
             return False
-        if record_hash(original.encode("utf-8")) != record.get(path):
+        if hash_like(record.get(path) or "", original.encode("utf-8")) != record.get(path):
             return False
     return True
 
@@ -309,7 +327,7 @@ def _unified_diff(path: str, old: str, new: str) -> str:
 
 
 def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: dict[str, str | None],
-                record: Mapping[str, str]) -> tuple[list[FileChange], list[str]]:
+                record: Mapping[str, str], checkout: str | None) -> tuple[list[FileChange], list[str]]:
     by_file: dict[str, list[tuple[Site, SiteState]]] = {}
     for _, variant, states in chosen:
         for site, state in zip(variant.sites, states):
@@ -319,7 +337,7 @@ def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: 
         text = texts[path]
         if text is None:  # unreachable: a chosen variant matched every site, so each of its files is present
             raise _Refusal(f"{path}: absent, yet a variant with a site in it was chosen")
-        _proven_original(path, text, by_file[path], record)
+        _proven_original(path, text, by_file[path], record, checkout)
         new_text = _patched_text(path, text, by_file[path])
         if new_text != text:
             old_bytes, new_bytes = text.encode("utf-8"), new_text.encode("utf-8")
@@ -330,13 +348,15 @@ def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: 
 
 
 def plan_package(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
-                 record: Mapping[str, str], enabled_optional: Collection[str]) -> PackagePlan:
+                 record: Mapping[str, str], enabled_optional: Collection[str],
+                 checkout: str | None = None) -> PackagePlan:
     """Plan ``package`` on one host: which sets apply, the new file contents, and what the JIT must forget.
 
     ``files`` maps every path of ``catalog.target_files(package)`` to its bytes (None if absent); ``record`` maps
-    paths to their RECORD hash field. ``enabled_optional`` names the optional sets group data turns on.
+    paths to their RECORD hash field (or, for a develop ``checkout``, their ``git-blob=`` id in HEAD).
+    ``enabled_optional`` names the optional sets group data turns on.
     """
-    plan = PackagePlan(package=package, installed_version=installed_version, status="refused")
+    plan = PackagePlan(package=package, installed_version=installed_version, status="refused", checkout=checkout)
     if not catalog.sets_for(package):
         plan.status = "no-set"
         plan.reasons.append(f"{package} {installed_version}: the catalog has no patch set for this package")
@@ -370,7 +390,7 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
                 plan.reasons.insert(0, f"{package} {installed_version}: no site of any patch set is present in "
                                        f"either form; no set was written for this text")
             return plan
-        plan.changes, plan.jit_invalidations = _plan_files(chosen, texts, record)
+        plan.changes, plan.jit_invalidations = _plan_files(chosen, texts, record, checkout)
     except _Refusal as refusal:
         plan.reasons.append(str(refusal))
         return plan
@@ -395,7 +415,8 @@ _plans: dict[tuple, tuple[Catalog, PackagePlan]] = {}
 
 
 def plan_package_once(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
-                      record: Mapping[str, str], enabled_optional: Collection[str]) -> PackagePlan:
+                      record: Mapping[str, str], enabled_optional: Collection[str],
+                      checkout: str | None = None) -> PackagePlan:
     """``plan_package``, made once per distinct input in this process; each call gets its own copy of the plan.
 
     The hosts of a cluster mostly hold the same files, and a plan (code matching by tokenize, the audit) costs
@@ -403,7 +424,8 @@ def plan_package_once(catalog: Catalog, package: str, installed_version: str, fi
     """
     key = (id(catalog), package, installed_version,
            tuple(sorted((path, None if data is None else sha256_hex(data)) for path, data in files.items())),
-           tuple(sorted(record.items())), tuple(sorted(enabled_optional)))
+           tuple(sorted(record.items())), tuple(sorted(enabled_optional)), checkout)
     if key not in _plans:
-        _plans[key] = catalog, plan_package(catalog, package, installed_version, files, record, enabled_optional)
+        _plans[key] = catalog, plan_package(catalog, package, installed_version, files, record, enabled_optional,
+                                            checkout)
     return copy.deepcopy(_plans[key][1])

@@ -231,6 +231,13 @@ def test_a_source_build_of_aiter_is_not_overwritten(matrix):
     assert plan_wheels(matrix, host, pins={"aiter_version": "0.1.19"}).actions == ()
 
 
+def test_a_develop_checkout_of_aiter_is_left_to_its_operator(matrix):
+    host = matching_probe(triton="3.7.0")
+    host["distributions"]["amd-aiter"] = {"name": "amd-aiter", "version": "0.1.19", "location": "/src/aiter",
+                                          "install_mode": "develop"}
+    assert [action.package for action in plan_wheels(matrix, host).actions] == ["triton"]
+
+
 def test_cli_prints_the_plan_as_json(tmp_path):
     probe_file = tmp_path / "probe.json"
     probe_file.write_text(json.dumps(matching_probe(triton="3.7.0")))
