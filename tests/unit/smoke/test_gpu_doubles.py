@@ -86,7 +86,7 @@ FAULTS = {"flash_attn_func:causal:512": "zero_rows",  # rows 256-511 of one head
           "flash_attn_varlen_func:causal:383": "five_percent",  # and causal
           "pa_fwd_asm:full:1": "fallback",  # correct, computed without loading a code object
           "flash_attn_varlen_func:causal:1000": "hang"}  # the sliding-window case holds a JIT lock and hangs
-HANG_LIMIT = 90  # seconds: a case that does not hang finishes well within it, even on a loaded machine
+HANG_LIMIT = 45  # seconds: a case that does not hang finishes well within it, even on a loaded machine
 
 
 @pytest.fixture(scope="module")
