@@ -16,7 +16,7 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
    listing; any difference removes the file and reports an error;
 7. re-assemble and prove: each kernel with edits is rebuilt through assembly source (reassemble.py), retargeted,
    proven against the original plus exactly its edits (relocation_proof.py) and audited again; the hazard policy
-   then judges its new verdict;
+   then judges its new verdict. Stages 6 and 7 share the worker pool, queued together;
 8. manifests are pruned to the written kernels, other files carried over, the post-condition checked, and the
    staging tree moved into place.
 
@@ -200,6 +200,7 @@ class Analysis:
         self.expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> gfx90a bytes, objdump line around the address
         self.halves: dict[int, tuple[Expected, Expected]] = {}  # gid of an int8 K=32 MFMA -> its gfx90a split
         self.audits: dict[str, dict] = {}  # relpath of a portable kernel -> its hazard audit (KernelAudit.to_json)
+        self.shortfalls: dict[str, dict[int, int]] = {}  # relpath of a short kernel -> KernelAudit.shortfalls
         self.durations: dict[str, float] = {}
 
     def blockers(self, relpath: str) -> list[int]:
@@ -287,7 +288,10 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
     groups = _balanced(src, portable, jobs * 2)
     for batch in pool.map(hazards.audit_batch, [str(src)] * len(groups), groups,
                           [analysis.gfx90a_texts_for(group) for group in groups], ["gfx90a"] * len(groups)):
-        analysis.audits.update(batch)
+        for relpath, audit, shortfalls in batch:
+            analysis.audits[relpath] = audit
+            if shortfalls:
+                analysis.shortfalls[relpath] = shortfalls
 
 
 def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress) -> None:
@@ -310,8 +314,7 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         elif target != text and aliases[target][0] != chunk:
             analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
         else:
-            head, _, tail = llvm.objdump_line(0, target, llvm.objdump_words(encoding)).partition(f"{0:012X}")
-            analysis.expected[gid] = (encoding, head, tail)
+            analysis.expected[gid] = (encoding, *llvm.objdump_line_around_address(target, encoding))
     analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
     _judge_splits(analysis, tools, jobs)
 
@@ -491,18 +494,6 @@ def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | No
 
 # --- translate ------------------------------------------------------------------------------------------------------
 
-def _write_kernels(src: Path, staging: Path, analysis: Analysis, portable: list[str], tools: llvm.LlvmTools,
-                   jobs: int, pool: ProcessPoolExecutor, progress: Progress) -> dict[str, tuple[int, str | None]]:
-    progress(f"writing and proving {len(portable)} kernels")
-    results: dict[str, tuple[int, str | None]] = {}
-    groups = _balanced(src, portable, jobs * 3)
-    for batch in pool.map(_write_batch, [tools] * len(groups), [str(src)] * len(groups),
-                          [str(staging)] * len(groups), groups, [analysis.expected_for(g) for g in groups]):
-        for relpath, patched, error in batch:
-            results[relpath] = (patched, error)
-    return results
-
-
 def _write_manifests(src: Path, staging: Path, others: list[str], source_kernels: set[str],
                      written: set[str]) -> tuple[dict[str, dict], list[str]]:
     manifests, carried = {}, []
@@ -621,30 +612,34 @@ def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
             raise
 
 
-def _move_kernels(src: Path, staging: Path, analysis: Analysis, relpaths: list[str], pads: dict[str, list[edits.Pad]],
-                  pad_hazards: bool, tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
-                  progress: Progress) -> dict[str, edits.Moved]:
-    """Kernels whose code moves (split, padded): rebuilt through assembly source, each proven (edits.move_batch),
-    then the gfx90a target checked by llvm-readelf as for kernels patched in place."""
-    if not relpaths:
-        return {}
-    progress(f"re-assembling and proving {len(relpaths)} kernels whose code moves")
-    groups = _balanced(src, relpaths, jobs * 3)
-    moves = [analysis.moves_for(group) for group in groups]
-    results = {}
-    for batch in pool.map(edits.move_batch, [tools] * len(groups), [str(src)] * len(groups),
-                          [str(staging)] * len(groups), groups, [m[0] for m in moves], [m[1] for m in moves],
-                          [{r: pads[r] for r in group if r in pads} for group in groups],
-                          [pad_hazards] * len(groups)):
-        results.update((moved.relpath, moved) for moved in batch)
-    written = [staging / r for r, moved in results.items() if moved.outcome == "written"]
+def _write_and_move(src: Path, staging: Path, analysis: Analysis, in_place: list[str], moving: list[str],
+                    pads: dict[str, list[edits.Pad]], pad_hazards: bool, tools: llvm.LlvmTools, jobs: int,
+                    pool: ProcessPoolExecutor, progress: Progress
+                    ) -> tuple[dict[str, tuple[int, str | None]], dict[str, edits.Moved]]:
+    """Kernels patched in place (_write_batch) and kernels whose code moves (split, padded: rebuilt through assembly
+    source, each proven by edits.move_batch, then the gfx90a target checked by llvm-readelf as for the others).
+    Both kinds are queued at once, those that move first (they cost the most per byte), so that no worker idles
+    while the other kind's last batch runs."""
+    progress(f"writing and proving {len(in_place)} kernels in place, re-assembling and proving {len(moving)} "
+             "whose code moves")
+    move_futures = []
+    for group in _balanced(src, moving, jobs * 4):
+        expected, halves = analysis.moves_for(group)
+        move_futures.append(pool.submit(edits.move_batch, tools, str(src), str(staging), group, expected, halves,
+                                        {r: pads[r] for r in group if r in pads}, pad_hazards,
+                                        {r: analysis.shortfalls[r] for r in group if r in analysis.shortfalls}))
+    write_futures = [pool.submit(_write_batch, tools, str(src), str(staging), group, analysis.expected_for(group))
+                     for group in _balanced(src, in_place, jobs * 3)]
+    outcomes = {relpath: (patched, error) for future in write_futures for relpath, patched, error in future.result()}
+    moved = {result.relpath: result for future in move_futures for result in future.result()}
+    written = [staging / r for r, result in moved.items() if result.outcome == "written"]
     notes = llvm.readelf_notes(tools, written) if written else {}
     for path in written:
         if error := _check_target(notes.get(str(path), "")):
             path.unlink()
-            results[path.relative_to(staging).as_posix()] = edits.Moved(path.relative_to(staging).as_posix(),
-                                                                        "error", error)
-    return results
+            relpath = path.relative_to(staging).as_posix()
+            moved[relpath] = edits.Moved(relpath, "error", error)
+    return outcomes, moved
 
 
 def _moved_entry(moved: edits.Moved, audit_before: dict | None) -> dict:
@@ -724,9 +719,8 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
                     entry.update(status="withheld", reason=_withheld_reason(entry["hazards"], policy.hazards))
             in_place = [relpath for relpath in portable if kernels[relpath]["status"] == "portable"
                         and relpath not in moving]
-            outcomes = _write_kernels(src, staging, analysis, in_place, tools, jobs, pool, progress)
-            moved = _move_kernels(src, staging, analysis, moving, pads, policy.pad_mfma_hazards, tools, jobs, pool,
-                                  progress)
+            outcomes, moved = _write_and_move(src, staging, analysis, in_place, moving, pads,
+                                              policy.pad_mfma_hazards, tools, jobs, pool, progress)
         for relpath, (patched, error) in outcomes.items():
             if error:
                 kernels[relpath].update(status="error", reason=f"proof failed: {error}")
