@@ -541,6 +541,26 @@ class Policy:
         return (self.hazards + ("" if self.pad_mfma_hazards else "-unpadded")
                 + ("-int8-k32-split" if self.int8_k32_split else ""))
 
+    @classmethod
+    def of_host_data(cls, data) -> "Policy":
+        """The policy a host's data selects (deploy and verify read the same keys)."""
+        return cls(hazards=data.kernel_hazard_policy, pad_mfma_hazards=data.pad_mfma_hazards,
+                   int8_k32_split=data.int8_k32_split)
+
+    def record(self, audit_version: str | None = None) -> dict[str, str | bool]:
+        """The whole policy as the deployed record keeps it (`kernel_hazards`), with the version of the MFMA
+        wait-state audit that judged the tree (this tool's when None); verify compares it with the record a deploy
+        would write now."""
+        return {"policy": self.hazards, "audit_version": audit_version or hazards.AUDIT_VERSION,
+                "pad_mfma_hazards": self.pad_mfma_hazards, "int8_k32_split": self.int8_k32_split}
+
+    @staticmethod
+    def read_record(record: dict) -> dict[str, str | bool]:
+        """A recorded `kernel_hazards` in the form record() gives, whichever deploy wrote it. Records without the
+        pad and split fields were written by deploys that ran with padding on and the split off (the defaults
+        since the re-assembler came; records from before it, when nothing was padded, read as padded too)."""
+        return {"pad_mfma_hazards": True, "int8_k32_split": False, **record}
+
     @property
     def cli_arguments(self) -> list[str]:
         """The `python -m cdna2 translate` options that select this policy."""

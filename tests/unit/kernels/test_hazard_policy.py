@@ -84,19 +84,52 @@ def provisioned_probe(deployed: dict) -> dict:
 
 
 def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
-    made = {"policy": "default", "audit_version": hazards.AUDIT_VERSION}
+    made = Policy().record()
+    assert made == {"policy": "default", "audit_version": hazards.AUDIT_VERSION, "pad_mfma_hazards": True,
+                    "int8_k32_split": False}
     deployed = deployed_record({"distributions": {}}, [], "d" * 64, {}, made)
     assert deployed["kernel_hazards"] == made
     assert find_drift(provisioned_probe(deployed), {}, made) == []
-    (drift,) = find_drift(provisioned_probe(deployed), {}, dict(made, policy="strict"))
-    assert drift == (f"kernels made under kernel_hazard_policy default, audit {hazards.AUDIT_VERSION}; now "
-                     f"kernel_hazard_policy strict, audit {hazards.AUDIT_VERSION}: run the deploy to install the "
-                     "tree these give")
-    (drift,) = find_drift(provisioned_probe(deployed), {}, dict(made, audit_version="0"))
-    assert "now kernel_hazard_policy default, audit 0" in drift
+    (drift,) = find_drift(provisioned_probe(deployed), {}, Policy(hazards="strict").record())
+    assert drift == ("kernel_hazard_policy: recorded default, host data strict: run the deploy to install the tree "
+                     "these give")
+    (drift,) = find_drift(provisioned_probe(deployed), {}, Policy().record(audit_version="0"))
+    assert drift == (f"MFMA wait-state audit version: recorded {hazards.AUDIT_VERSION}, this tool 0: run the deploy "
+                     "to install the tree these give")
     older = deployed_record({"distributions": {}}, [], "d" * 64, {})
     (drift,) = find_drift(provisioned_probe(older), {}, made)
     assert drift.startswith("kernels made under a deploy without the MFMA wait-state audit")
+
+
+def test_verify_names_padding_and_the_split_when_the_host_data_changed_since_the_deploy():
+    padded = deployed_record({"distributions": {}}, [], "d" * 64, {}, Policy().record())
+    (drift,) = find_drift(provisioned_probe(padded), {}, Policy(pad_mfma_hazards=False).record())
+    assert drift == "pad_mfma_hazards: recorded on, host data off: run the deploy to install the tree these give"
+    (drift,) = find_drift(provisioned_probe(padded), {}, Policy(int8_k32_split=True).record())
+    assert drift == "int8_k32_split: recorded off, host data on: run the deploy to install the tree these give"
+    split = deployed_record({"distributions": {}}, [], "d" * 64, {},
+                            Policy(hazards="strict", pad_mfma_hazards=False, int8_k32_split=True).record())
+    assert find_drift(provisioned_probe(split), {}, Policy().record()) == [
+        "kernel_hazard_policy: recorded strict, host data default: run the deploy to install the tree these give",
+        "pad_mfma_hazards: recorded off, host data on: run the deploy to install the tree these give",
+        "int8_k32_split: recorded on, host data off: run the deploy to install the tree these give"]
+
+
+def test_a_record_written_before_padding_and_the_split_were_recorded_reads_as_their_defaults():
+    # What deploys wrote before the record held the whole policy: they ran with padding on and the split off.
+    before = deployed_record({"distributions": {}}, [], "d" * 64, {},
+                             {"policy": "default", "audit_version": hazards.AUDIT_VERSION})
+    assert find_drift(provisioned_probe(before), {}, Policy().record()) == []
+    assert find_drift(provisioned_probe(before), {}, Policy(pad_mfma_hazards=False).record()) == [
+        "pad_mfma_hazards: recorded on, host data off: run the deploy to install the tree these give"]
+    assert find_drift(provisioned_probe(before), {}, Policy(int8_k32_split=True).record()) == [
+        "int8_k32_split: recorded off, host data on: run the deploy to install the tree these give"]
+
+
+def test_the_policy_deploy_and_verify_read_is_the_host_datas():
+    class HostData:
+        kernel_hazard_policy, pad_mfma_hazards, int8_k32_split = "strict", False, True
+    assert Policy.of_host_data(HostData()) == Policy(hazards="strict", pad_mfma_hazards=False, int8_k32_split=True)
 
 
 def test_deploy_report_text_names_the_verdicts_and_the_policy(tmp_path):
