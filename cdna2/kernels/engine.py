@@ -16,11 +16,13 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
    listing; any difference removes the file and reports an error;
 7. re-assemble and prove: each kernel with edits is rebuilt through assembly source (reassemble.py), retargeted,
    proven against the original plus exactly its edits (relocation_proof.py) and audited again; the hazard policy
-   then judges its new verdict. Stages 6 and 7 share the worker pool, queued together;
+   then judges its new verdict;
 8. manifests are pruned to the written kernels, other files carried over, the post-condition checked, and the
    staging tree moved into place.
 
-Stages 1-4 are ``_analyse`` (shared with classify), 5-8 the rest of ``translate_tree``.
+Stages 1-4 are ``_analyse`` (shared with classify), 5-8 the rest of ``translate_tree``, which runs stages 4 to 7
+pipelined on the worker pool (``_audit_write_and_move``): a kernel is planned, written and proven as soon as its
+audit batch is back.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import time
 from array import array
 from collections import Counter
 from itertools import zip_longest
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -226,6 +228,13 @@ class Analysis:
     def portable(self) -> list[str]:
         return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blockers(relpath)]
 
+    def add_audits(self, batch: list[tuple[str, dict, dict[int, int]]]) -> None:
+        """What hazards.audit_batch found."""
+        for relpath, audit, shortfalls in batch:
+            self.audits[relpath] = audit
+            if shortfalls:
+                self.shortfalls[relpath] = shortfalls
+
     def gfx90a_texts_for(self, relpaths: list[str]) -> dict[bytes, str]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
         return {self.chunks[gid]: isa.rename(self.texts[gid]) for gid in gids}
@@ -248,7 +257,8 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
 
 
 def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
-             progress: Progress) -> Analysis:
+             progress: Progress, audit: bool = True) -> Analysis:
+    """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing)."""
     analysis = Analysis()
     started = time.monotonic()
     progress(f"scanning {len(kernels)} code objects with {jobs} processes")
@@ -276,9 +286,10 @@ def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, po
     analysis.blocking = set(analysis.reasons)
     analysis.durations["assemble"] = time.monotonic() - started
 
-    started = time.monotonic()
-    _audit(analysis, src, jobs, pool, progress)
-    analysis.durations["audit"] = time.monotonic() - started
+    if audit:
+        started = time.monotonic()
+        _audit(analysis, src, jobs, pool, progress)
+        analysis.durations["audit"] = time.monotonic() - started
     return analysis
 
 
@@ -288,10 +299,7 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
     groups = _balanced(src, portable, jobs * 2)
     for batch in pool.map(hazards.audit_batch, [str(src)] * len(groups), groups,
                           [analysis.gfx90a_texts_for(group) for group in groups], ["gfx90a"] * len(groups)):
-        for relpath, audit, shortfalls in batch:
-            analysis.audits[relpath] = audit
-            if shortfalls:
-                analysis.shortfalls[relpath] = shortfalls
+        analysis.add_audits(batch)
 
 
 def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress) -> None:
@@ -632,26 +640,53 @@ def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
             raise
 
 
-def _write_and_move(src: Path, staging: Path, analysis: Analysis, in_place: list[str], moving: list[str],
-                    pads: dict[str, list[edits.Pad]], pad_hazards: bool, tools: llvm.LlvmTools, jobs: int,
-                    pool: ProcessPoolExecutor, progress: Progress
-                    ) -> tuple[dict[str, tuple[int, str | None]], dict[str, edits.Moved]]:
-    """Kernels patched in place (_write_batch) and kernels whose code moves (split, padded: rebuilt through assembly
-    source, each proven by edits.move_batch, then the gfx90a target checked by llvm-readelf as for the others).
-    Both kinds are queued at once, those that move first (they cost the most per byte), so that no worker idles
-    while the other kind's last batch runs."""
-    progress(f"writing and proving {len(in_place)} kernels in place, re-assembling and proving {len(moving)} "
-             "whose code moves")
-    move_futures = []
-    for group in _balanced(src, moving, jobs * 4):
+def _route(relpath: str, audit: dict, policy: Policy, pads: dict[str, list[edits.Pad]]) -> str:
+    """What becomes of a portable kernel once audited: re-assembled (`move`: padded, or pads asked for), patched
+    `in place`, or `withheld` by the hazard policy."""
+    if relpath in pads or (policy.pad_mfma_hazards and audit["verdict"] in (hazards.SHORT_STRAIGHT,
+                                                                           hazards.SHORT_BRANCHES)):
+        return "move"
+    return "in place" if hazards.installs(policy.hazards, audit["verdict"]) else "withheld"
+
+
+def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked: list[str], policy: Policy,
+                          pads: dict[str, list[edits.Pad]], tools: llvm.LlvmTools, jobs: int,
+                          pool: ProcessPoolExecutor, progress: Progress
+                          ) -> tuple[dict[str, str], dict[str, tuple[int, str | None]], dict[str, edits.Moved]]:
+    """Stages 4, 6 and 7 pipelined on the pool. The audits are queued first, then the kernels the split unlocks
+    (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues its kernels to
+    be patched in place (_write_batch) or re-assembled (edits.move_batch), so no worker waits for the last audit
+    or for the other kind's last batch. Kernels re-assembled are then checked for the gfx90a target by
+    llvm-readelf, as _write_batch checks its own. Returns each portable kernel's route (_route), the in-place
+    outcomes and the re-assembled kernels."""
+    started = time.monotonic()
+    portable = analysis.portable()
+    progress(f"auditing MFMA wait states of {len(portable)} portable kernels for gfx90a and writing and proving them "
+             f"as their audits come back; re-assembling and proving {len(unlocked)} kernels the split unlocks")
+    audits = [pool.submit(hazards.audit_batch, str(src), group, analysis.gfx90a_texts_for(group), "gfx90a")
+              for group in _balanced(src, portable, jobs * 4)]
+
+    def move(group: list[str]) -> Future:
         expected, halves = analysis.moves_for(group)
-        move_futures.append(pool.submit(edits.move_batch, tools, str(src), str(staging), group, expected, halves,
-                                        {r: pads[r] for r in group if r in pads}, pad_hazards,
-                                        {r: analysis.shortfalls[r] for r in group if r in analysis.shortfalls}))
-    write_futures = [pool.submit(_write_batch, tools, str(src), str(staging), group, analysis.expected_for(group))
-                     for group in _balanced(src, in_place, jobs * 3)]
-    outcomes = {relpath: (patched, error) for future in write_futures for relpath, patched, error in future.result()}
-    moved = {result.relpath: result for future in move_futures for result in future.result()}
+        return pool.submit(edits.move_batch, tools, str(src), str(staging), group, expected, halves,
+                           {r: pads[r] for r in group if r in pads}, policy.pad_mfma_hazards,
+                           {r: analysis.shortfalls[r] for r in group if r in analysis.shortfalls})
+
+    moves = [move(group) for group in _balanced(src, unlocked, jobs * 4)]
+    writes, routes = [], {}
+    for future in as_completed(audits):
+        batch = future.result()
+        analysis.add_audits(batch)
+        routed = {relpath: _route(relpath, audit, policy, pads) for relpath, audit, _ in batch}
+        routes.update(routed)
+        if in_place := sorted(relpath for relpath, route in routed.items() if route == "in place"):
+            writes.append(pool.submit(_write_batch, tools, str(src), str(staging), in_place,
+                                      analysis.expected_for(in_place)))
+        moves += [move(group) for group in _balanced(src, [r for r, route in routed.items() if route == "move"],
+                                                    jobs)]
+    analysis.durations["audit"] = time.monotonic() - started
+    outcomes = {relpath: (patched, error) for future in writes for relpath, patched, error in future.result()}
+    moved = {result.relpath: result for future in moves for result in future.result()}
     written = [staging / r for r, result in moved.items() if result.outcome == "written"]
     notes = llvm.readelf_notes(tools, written) if written else {}
     for path in written:
@@ -659,7 +694,7 @@ def _write_and_move(src: Path, staging: Path, analysis: Analysis, in_place: list
             path.unlink()
             relpath = path.relative_to(staging).as_posix()
             moved[relpath] = edits.Moved(relpath, "error", error)
-    return outcomes, moved
+    return routes, outcomes, moved
 
 
 def _moved_entry(moved: edits.Moved, audit_before: dict | None) -> dict:
@@ -723,24 +758,21 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
     staging = _staging_for(dst)
     try:
         with _pool(jobs) as pool:
-            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
-            kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
-            written_started = time.monotonic()
+            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False)
             staging.mkdir()
-            portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
-            unlocked = {relpath for relpath, entry in kernels.items() if entry.get("unlocked_by") == "int8_k32_split"}
-            short = {relpath for relpath in portable
-                     if kernels[relpath]["hazards"]["verdict"] in (hazards.SHORT_STRAIGHT, hazards.SHORT_BRANCHES)}
-            moving = sorted({r for r in portable if r in pads} | (short if policy.pad_mfma_hazards else set())
-                            | (unlocked if policy.int8_k32_split else set()))
-            for relpath in set(portable) - set(moving):
+            unlocked = sorted(relpath for relpath, (kind, _) in analysis.files.items()
+                              if kind == "ok" and analysis.split_unlocks(relpath))
+            audit_started = time.monotonic()
+            routes, outcomes, moved = _audit_write_and_move(src, staging, analysis,
+                                                            unlocked if policy.int8_k32_split else [], policy, pads,
+                                                            tools, jobs, pool, progress)
+            # From the last audit's return: the writing and proving that had not finished by then.
+            analysis.durations["write_and_prove"] = time.monotonic() - audit_started - analysis.durations["audit"]
+        kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+        for relpath, route in routes.items():
+            if route == "withheld":
                 entry = kernels[relpath]
-                if not hazards.installs(policy.hazards, entry["hazards"]["verdict"]):
-                    entry.update(status="withheld", reason=_withheld_reason(entry["hazards"], policy.hazards))
-            in_place = [relpath for relpath in portable if kernels[relpath]["status"] == "portable"
-                        and relpath not in moving]
-            outcomes, moved = _write_and_move(src, staging, analysis, in_place, moving, pads,
-                                              policy.pad_mfma_hazards, tools, jobs, pool, progress)
+                entry.update(status="withheld", reason=_withheld_reason(entry["hazards"], policy.hazards))
         for relpath, (patched, error) in outcomes.items():
             if error:
                 kernels[relpath].update(status="error", reason=f"proof failed: {error}")
@@ -751,17 +783,16 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             if outcome.outcome == "written" and not hazards.installs(policy.hazards, outcome.audit["verdict"]):
                 (staging / relpath).unlink()
                 kernels[relpath].update(status="withheld", reason=_withheld_reason(outcome.audit, policy.hazards))
-        analysis.durations["write_and_prove"] = time.monotonic() - written_started
 
         manifests_started = time.monotonic()
         written = {relpath for relpath, entry in kernels.items() if entry["status"] == "written"}
         manifests, carried = _write_manifests(src, staging, others, set(kernel_paths), written)
         _check_postcondition(staging, manifests, dst)
         split_report = {"enabled": policy.int8_k32_split, "kernels_unlocked": len(unlocked),
-                        "written": len(unlocked & written)}
+                        "written": len(set(unlocked) & written)}
         if not policy.int8_k32_split:
             split_report["manifest_rows_it_would_add"] = _rows_gained(src, others, set(kernel_paths), written,
-                                                                      unlocked)
+                                                                      set(unlocked))
         analysis.durations["manifests"] = time.monotonic() - manifests_started
 
         report = {
