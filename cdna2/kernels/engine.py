@@ -6,7 +6,7 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
 2. decode: LLVM decodes each distinct instruction for gfx942 (it must consume exactly the bytes given);
 3. judge: each text gets its gfx90a spelling (isa.RENAMES, checked against gfx942 as an alias) and is assembled for
    gfx90a; an instruction passes when it assembles to an encoding of the original length; each int8 K=32 MFMA
-   gets its two gfx90a halves (split.py), assembled and decoded back by LLVM;
+   gets its two gfx90a halves (split.py), assembled, and decoded back by LLVM when the split is on;
 4. audit: each kernel whose every instruction passes gets its MFMA wait states audited under gfx90a's rules
    (cdna2.kernels.hazards, worker processes); the kernel hazard policy decides which of them are installed;
 5. plan: a portable kernel with short MFMA edges (when pad_mfma_hazards) or with pads asked for, and a kernel whose
@@ -201,6 +201,7 @@ class Analysis:
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
         self.expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> gfx90a bytes, objdump line around the address
         self.halves: dict[int, tuple[Expected, Expected]] = {}  # gid of an int8 K=32 MFMA -> its gfx90a split
+        self.splittable: set[int] = set()  # gids of the int8 K=32 MFMAs whose split assembles for gfx90a
         self.audits: dict[str, dict] = {}  # relpath of a portable kernel -> its hazard audit (KernelAudit.to_json)
         self.shortfalls: dict[str, dict[int, int]] = {}  # relpath of a short kernel -> KernelAudit.shortfalls
         self.durations: dict[str, float] = {}
@@ -223,7 +224,7 @@ class Analysis:
     def split_unlocks(self, relpath: str) -> bool:
         """Every blocker of the kernel is an int8 K=32 MFMA the split rule handles."""
         blockers = self.blocking.intersection(self.files[relpath][1])
-        return bool(blockers) and blockers <= self.halves.keys()
+        return bool(blockers) and blockers <= self.splittable
 
     def portable(self) -> list[str]:
         return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blockers(relpath)]
@@ -257,8 +258,9 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
 
 
 def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
-             progress: Progress, audit: bool = True) -> Analysis:
-    """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing)."""
+             progress: Progress, audit: bool = True, decode_splits: bool = False) -> Analysis:
+    """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing); `decode_splits`
+    when split kernels are to be written (their proof needs the halves' text as LLVM prints it)."""
     analysis = Analysis()
     started = time.monotonic()
     progress(f"scanning {len(kernels)} code objects with {jobs} processes")
@@ -282,7 +284,7 @@ def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, po
     analysis.durations["decode"] = time.monotonic() - started
 
     started = time.monotonic()
-    _judge(analysis, tools, jobs, progress)
+    _judge(analysis, tools, jobs, progress, decode_splits)
     analysis.blocking = set(analysis.reasons)
     analysis.durations["assemble"] = time.monotonic() - started
 
@@ -302,7 +304,7 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
         analysis.add_audits(batch)
 
 
-def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress) -> None:
+def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress, decode_splits: bool) -> None:
     targets = [isa.rename(text) if text is not None else None for text in analysis.texts]
     gfx90a_texts = sorted({target for target in targets if target is not None})
     progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a")
@@ -324,12 +326,14 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         else:
             analysis.expected[gid] = (encoding, *llvm.objdump_line_around_address(target, encoding))
     analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
-    _judge_splits(analysis, tools, jobs)
+    _judge_splits(analysis, tools, jobs, decode_splits)
 
 
-def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int) -> None:
-    """The gfx90a halves of each int8 K=32 MFMA the split rule handles, assembled and decoded back by LLVM (the
-    decoded text is what objdump prints for them)."""
+def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, decode: bool) -> None:
+    """The gfx90a halves of each int8 K=32 MFMA the split rule handles, assembled (a split that does not assemble
+    leaves its kernel blocked) and, with `decode`, decoded back by LLVM: the decoded text is what objdump prints
+    for them, which only the proof of a written split kernel needs (so a translation without the split, or
+    classify, spends no decode on them)."""
     planned = {}
     for gid, bucket in analysis.buckets.items():
         if bucket == isa.INT8_K32:
@@ -340,12 +344,14 @@ def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int) -> None:
                 planned[gid] = halves
     texts = sorted({text for pair in planned.values() for text in pair})
     encodings = dict(zip(texts, llvm.assemble(tools, texts, "gfx90a", jobs)))
-    decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None]
-    printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs)))
+    decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None] if decode else []
+    printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs))) if decodable else {}
     for gid, pair in planned.items():
-        expected = [(encodings[t][0], printed.get(encodings[t][0])) for t in pair]
+        expected = [(encodings[t][0], printed.get(encodings[t][0]) if decode else "") for t in pair]
         if all(encoding is not None and text is not None for encoding, text in expected):
-            analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in expected)
+            analysis.splittable.add(gid)
+            if decode:
+                analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in expected)
         else:
             analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {encodings[pair[0]][1]}"
 
@@ -758,7 +764,8 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
     staging = _staging_for(dst)
     try:
         with _pool(jobs) as pool:
-            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False)
+            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False,
+                                decode_splits=policy.int8_k32_split)
             staging.mkdir()
             unlocked = sorted(relpath for relpath, (kind, _) in analysis.files.items()
                               if kind == "ok" and analysis.split_unlocks(relpath))
