@@ -347,11 +347,12 @@ def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, decode: 
     decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None] if decode else []
     printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs))) if decodable else {}
     for gid, pair in planned.items():
-        expected = [(encodings[t][0], printed.get(encodings[t][0]) if decode else "") for t in pair]
-        if all(encoding is not None and text is not None for encoding, text in expected):
+        encoded = [encodings[t][0] for t in pair]
+        back = [printed.get(encoding) for encoding in encoded] if decode else []
+        if None not in encoded and None not in back:
             analysis.splittable.add(gid)
             if decode:
-                analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in expected)
+                analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in zip(encoded, back))
         else:
             analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {encodings[pair[0]][1]}"
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cdna2.drift import find_drift
+from cdna2.host import elf
 from cdna2.hostdata import problems_for, schema
-from cdna2.kernels import Policy, TranslationError, hazards, translate_tree
+from cdna2.kernels import Policy, TranslationError, edits, engine, hazards, isa, translate_tree
 from cdna2.plan import deployed_record
 from cdna2.translated import TranslatedTree
 from tests.unit.kernels.conftest import BF16_MFMA
@@ -159,3 +160,18 @@ def test_padding_makes_every_short_kernel_clean_so_every_policy_installs_it(verd
         assert entries[name]["hazards"]["verdict"] == "clean", "the written file, audited again"
         assert entries[name]["hazards_before_edits"]["verdict"] != "clean"
     assert report["hazards"]["withheld"] == [] and report["padding"] == {"enabled": True, "kernels": 2, "nops": 3}
+
+
+def test_padding_started_from_the_engines_audit_plans_what_auditing_the_kernel_again_plans(verdict_tree, llvm_tools):
+    kernels = ["fam/branch.co", "fam/clean.co", "fam/straight.co"]
+    with engine._pool(1) as pool:
+        analysis = engine._analyse(verdict_tree, kernels, llvm_tools, 1, pool, lambda message: None)
+    assert set(analysis.shortfalls) == {"fam/branch.co", "fam/straight.co"}, "only short kernels have shortfalls"
+    for relpath in analysis.shortfalls:
+        data = (verdict_tree / relpath).read_bytes()
+        chunks = isa.split_instructions(elf.text_of(data, elf.read_code_object(data)))
+        expected, halves = analysis.moves_for([relpath])
+        audited, started = (edits._Kernel(chunks, expected, halves) for _ in range(2))
+        assert audited.pad_short_edges().short_edges == []
+        assert started.pad_short_edges(analysis.shortfalls[relpath]).short_edges == []
+        assert started.wait_states == audited.wait_states != {}
