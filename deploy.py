@@ -16,16 +16,16 @@ from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
+from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, develop_checkout, disk_space_problem,
                         installed_versions, kernels_decision, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
-from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, summarise_probe
+from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
-from cdna2.kernels import Policy as KernelPolicy
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
@@ -64,9 +64,8 @@ actions = getattr(wheel_plan, "actions", ())
 reinstalled = sorted({action.package for action in actions} & set(catalog.packages()))
 requirements = [action.requirement for action in actions]
 kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
-tree = (translated_tree_for(host, probe, KernelPolicy(hazards=data.kernel_hazard_policy,
-                                                    pad_mfma_hazards=data.pad_mfma_hazards,
-                                                    int8_k32_split=data.int8_k32_split))
+kernel_policy = KernelPolicy.of_host_data(data)
+tree = (translated_tree_for(host, probe, kernel_policy)
         if kernels == PROCEED and "amd-aiter" not in reinstalled else None)
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
@@ -115,10 +114,7 @@ else:
     if tree is not None:
         report.step(host.name, "kernels", PLANNED if needs_upload else UNCHANGED,
                     f"{tree.kernels} kernels, tree {tree.digest[:12]}; {tree.hazard_summary()}")
-        report.host(host.name).details["kernels"] = {"kernels": tree.kernels, "code_changes": tree.code_changes,
-                                                     "hazard_policy": tree.hazard_policy,
-                                                     "hazard_audit_version": tree.hazard_audit_version,
-                                                     "hazard_verdicts": tree.hazard_verdicts, "withheld": tree.withheld}
+        report.host(host.name).details["kernels"] = tree.report_details()
         if tree.hazard_policy == "permissive":
             report.host(host.name).notes.append(
                 f"kernel_hazard_policy permissive: {tree.hazard_verdicts['short-straight-line']} kernels short of "
@@ -151,7 +147,7 @@ else:
                                  checkout=develop_checkout(found))
         report.host(host.name).details[step] = plan.to_json()
         patch_sets[package] = plan.sets
-        status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
+        status = plan_step_status(plan.status)
         report.step(host.name, step, status, ", ".join(f"{name} (variant {plan.variants[name]})" for name in plan.sets)
                     or "; ".join(plan.reasons))
         report.host(host.name).notes.extend(f"{step}: {note}" for note in
@@ -165,7 +161,7 @@ else:
     if fp8_configs and "vllm" in patch_sets:
         files, _ = probe_files(probe, "vllm")
         plan = plan_configs(fp8_configs, files, (probe["backups"].get(CONFIGS_PLAN) or {}).get("files", {}))
-        status = {"apply": PLANNED, "patched": UNCHANGED}.get(plan.status, FAILED)
+        status = plan_step_status(plan.status)
         report.step(host.name, "fp8 configs", status, "; ".join(plan.reasons) or f"{len(fp8_configs)} files")
         if status != UNCHANGED:
             patched_package(name="fp8 configs: vLLM has the tuned MI210 block-FP8 configs", plan=plan,
@@ -175,7 +171,7 @@ else:
     # 7. Prove it on gfx90a hosts, once per state they are left in. The smoke test is told the arch the probe saw:
     #    on a gfx90a host a GPU that cannot be used fails it (and no pass is recorded); never "passed" without one.
     deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
-                               tree and {"policy": tree.hazard_policy, "audit_version": tree.hazard_audit_version},
+                               tree and kernel_policy.record(tree.hazard_audit_version),
                                installed_hashes(fp8_configs) if "vllm" in patch_sets else None)
     gpu_checks = data.smoke_gpu_checks and not no_gpu_reason  # whether GPU checks can run: part of what a pass proves
     if not data.smoke_tests:

@@ -4,8 +4,9 @@
 
 Per host, a fresh probe (with every AITER and vLLM file compared to its RECORD) is compared with the `deployed`
 record the deploy wrote there: AITER, vLLM, torch or triton upgraded or replaced underneath us, a patch lost or a
-patched file edited, kernels missing or altered, or made under another kernel_hazard_policy or MFMA wait-state
-audit version than the host's data and this tool give now. Nothing on any host changes; run the deploy to repair.
+patched file edited, kernels missing or altered, or made under another kernel policy (kernel_hazard_policy,
+pad_mfma_hazards, int8_k32_split) or MFMA wait-state audit version than the host's data and this tool give now.
+Nothing on any host changes; run the deploy to repair.
 """
 
 from pyinfra import host, inventory, state
@@ -14,7 +15,7 @@ from cdna2.agent import agent_dir
 from cdna2.drift import checkout_changes, find_drift
 from cdna2.host.probe import checkout_path
 from cdna2.fp8_configs import with_config_targets
-from cdna2.kernels.hazards import AUDIT_VERSION
+from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import develop_checkout, sudo_refusal, with_data_arch
@@ -50,8 +51,7 @@ for package in deployed_sets:
                                            checkout=develop_checkout(found))
 
 refusal = sudo_refusal(probe)  # unprivileged, the probe cannot see what the deploy left
-drift = [refusal] if refusal else find_drift(probe, plans, {"policy": data.kernel_hazard_policy,
-                                                             "audit_version": AUDIT_VERSION})
+drift = [refusal] if refusal else find_drift(probe, plans, KernelPolicy.of_host_data(data).record())
 if (((probe["state"] or {}).get("deployed") or {}).get("kernel_hazards") or {}).get("policy") == "permissive":
     report.host(host.name).notes.append("kernels installed under kernel_hazard_policy permissive: kernels short of "
                                         "gfx90a's MFMA wait states in straight-line code may be among them")

@@ -12,16 +12,38 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, Mapping
 
+from cdna2.kernels import Policy
 from cdna2.plan import installed_versions
 
 # Untracked paths of a develop checkout that a deploy puts there: the translated tree and its previous copy.
 CHECKOUT_TREES = ("hsa/gfx90a/", "hsa/.gfx90a.previous/")
 
+# The fields of a recorded kernel policy (Policy.record), how drift names them, and where today's value comes from.
+KERNEL_POLICY_FIELDS = (("policy", "kernel_hazard_policy", "host data"),
+                        ("audit_version", "MFMA wait-state audit version", "this tool"),
+                        ("pad_mfma_hazards", "pad_mfma_hazards", "host data"),
+                        ("int8_k32_split", "int8_k32_split", "host data"))
+
+
+def _shown(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def kernel_policy_drift(recorded: Mapping[str, Any] | None, now: Mapping[str, Any]) -> list[str]:
+    """Each field of the kernel policy the installed tree was made under (the deployed record's
+    ``kernel_hazards``) that differs from the policy a deploy would translate under now (Policy.record)."""
+    if recorded is None:
+        return [f"kernels made under a deploy without the MFMA wait-state audit; now kernel_hazard_policy "
+                f"{now['policy']}, audit {now['audit_version']}: run the deploy to install the tree these give"]
+    made = Policy.read_record(dict(recorded))
+    return [f"{name}: recorded {_shown(made.get(key))}, {source} {_shown(now[key])}: run the deploy to install the "
+            "tree these give" for key, name, source in KERNEL_POLICY_FIELDS if made.get(key) != now[key]]
+
 
 def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
-               kernel_hazards: Mapping[str, str] | None = None) -> list[str]:
+               kernel_policy: Mapping[str, Any] | None = None) -> list[str]:
     """Every drift of a probed host; ``plans`` maps each patched package to its fresh ``PackagePlan``;
-    ``kernel_hazards`` the kernel hazard policy and audit version a deploy would translate under now."""
+    ``kernel_policy`` the kernel policy a deploy would translate under now (Policy.record)."""
     deployed = (probe["state"] or {}).get("deployed")
     if deployed is None:
         return ["not provisioned: no deployed state is recorded on this host (run the deploy)"]
@@ -37,12 +59,8 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
         drift.append("kernels missing: hsa/gfx90a is gone")
     elif expected_kernels and found_kernels != expected_kernels:
         drift.append(f"kernels altered: hsa/gfx90a digest {found_kernels[:12]}, deployed {expected_kernels[:12]}")
-    recorded_hazards = deployed.get("kernel_hazards")
-    if expected_kernels and kernel_hazards is not None and recorded_hazards != dict(kernel_hazards):
-        made = (f"kernel_hazard_policy {recorded_hazards['policy']}, audit {recorded_hazards['audit_version']}"
-                if recorded_hazards else "a deploy without the MFMA wait-state audit")
-        drift.append(f"kernels made under {made}; now kernel_hazard_policy {kernel_hazards['policy']}, audit "
-                     f"{kernel_hazards['audit_version']}: run the deploy to install the tree these give")
+    if expected_kernels and kernel_policy is not None:
+        drift += kernel_policy_drift(deployed.get("kernel_hazards"), kernel_policy)
     patched_files = set()
     for package, sets in sorted(deployed["patch_sets"].items()):
         plan = plans.get(package)

@@ -102,7 +102,7 @@ def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_dige
                     fp8_configs: dict[str, str] | None = None) -> dict[str, Any]:
     """What a host holds once this run's plan is carried out: verify compares later probes with it.
 
-    ``kernel_hazards``: the kernel hazard policy and audit version the installed kernel tree was made under.
+    ``kernel_hazards``: the kernel policy the installed kernel tree was made under (Policy.record).
     ``fp8_configs``: the tuned configs installed in vLLM, path -> RECORD-style hash (left out when none).
     """
     versions = installed_versions(probe)

@@ -21,6 +21,12 @@ REPORT_FORMAT = 2
 FAILED, CHANGED, PLANNED, UNCHANGED, SKIPPED = "failed", "changed", "planned", "unchanged", "skipped"
 
 
+def plan_step_status(plan_status: str) -> str:
+    """A patch or config plan's status as its deploy step's: to apply is planned, already patched is unchanged,
+    anything else (refused) failed."""
+    return {"apply": PLANNED, "patched": UNCHANGED}.get(plan_status, FAILED)
+
+
 @dataclass
 class StepResult:
     status: str

@@ -56,6 +56,12 @@ class TranslatedTree:
     withheld: int  # portable kernels the policy did not install
     code_changes: dict[str, int]  # written kernels by how their code was made: "in place", "padded", "split", ...
 
+    def report_details(self) -> dict:
+        """The deploy report's `kernels` details for a host that takes this tree."""
+        return {"kernels": self.kernels, "code_changes": self.code_changes, "hazard_policy": self.hazard_policy,
+                "hazard_audit_version": self.hazard_audit_version, "hazard_verdicts": self.hazard_verdicts,
+                "withheld": self.withheld}
+
     def hazard_summary(self) -> str:
         """The verdicts and what the policy did, for the deploy report."""
         counts = ", ".join(f"{self.hazard_verdicts.get(verdict, 0)} {verdict}" for verdict in VERDICTS)

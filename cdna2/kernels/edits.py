@@ -81,7 +81,7 @@ class _Kernel:
         of its target) or itself."""
         chunk = self.instructions[index]
         body = self.replaced.get(index) or [self.targets[index] if index in self.targets else self.expected[chunk]]
-        return nops(self.wait_states.get(index, 0)) + body
+        return nops(self.wait_states[index]) + body if index in self.wait_states else body
 
     def layout(self) -> tuple[list[tuple[int, int, str]], list[int]]:
         """The planned listing as the hazard audit reads it, (offset, size, text), and the original instruction
@@ -121,10 +121,17 @@ class _Kernel:
         except hazards.UnparsedError as error:
             raise reassemble.ReassemblyError(f"the hazard audit of the planned listing did not finish: {error}")
 
-    def pad_short_edges(self) -> hazards.KernelAudit:
+    def pad_short_edges(self, shortfalls: dict[int, int] | None = None) -> hazards.KernelAudit:
         """Insert before each consumer of a short MFMA edge the wait states missing on the planned listing (the
-        largest shortfall among its edges, on every path class), until the audit finds none; returns that audit."""
-        for _ in range(MAX_PADDING_ROUNDS):
+        largest shortfall among its edges, on every path class), until the audit finds none; returns that audit.
+        `shortfalls` (KernelAudit.shortfalls by .text offset) is the engine's audit of the unedited kernel: when
+        nothing else is planned it is the first round's answer, so that round needs no audit of its own."""
+        rounds = MAX_PADDING_ROUNDS
+        if shortfalls and not self.replaced and not self.wait_states:
+            index_of = {start: i for i, start in enumerate(self.starts)}
+            self.wait_states = {index_of[offset]: count for offset, count in shortfalls.items()}
+            rounds -= 1
+        for _ in range(rounds):
             audit, listing, owner = self.audit()
             if audit.verdict == hazards.UNAUDITED:
                 found = audit.to_json()
@@ -134,9 +141,9 @@ class _Kernel:
                 return audit
             line_of = {address: k for k, (address, _, _) in enumerate(listing)}
             missing: dict[int, int] = {}
-            for edge in audit.short_edges:
-                index = owner[line_of[edge.consumer_address]]
-                missing[index] = max(missing.get(index, 0), edge.needed - edge.present)
+            for address, count in audit.shortfalls().items():
+                index = owner[line_of[address]]
+                missing[index] = max(missing.get(index, 0), count)
             for index, count in missing.items():
                 self.wait_states[index] = self.wait_states.get(index, 0) + count
         raise reassemble.ReassemblyError(f"padding did not settle within {MAX_PADDING_ROUNDS} rounds")
@@ -158,12 +165,17 @@ class _Kernel:
 
 def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
                expected: dict[bytes, Expected], halves: dict[bytes, tuple[Expected, Expected]],
-               pads: dict[str, list[Pad]], pad_hazards: bool) -> list[Moved]:
+               pads: dict[str, list[Pad]], pad_hazards: bool,
+               shortfalls: dict[str, dict[int, int]] | None = None) -> list[Moved]:
     """Plan (splits, the pads asked for, and with `pad_hazards` the pads the hazard audit of the planned listing
-    asks for), rebuild for gfx90a, retarget and prove each kernel; a kernel that fails is reported, not left in the
+    asks for, starting from the engine's `shortfalls` of the unedited kernel), rebuild for gfx90a, retarget and prove
+    each kernel; a kernel that fails is reported, not left in the
     tree. The audit reported is the planned listing's, which the proof shows the file holds (the slow real-tree
-    test audits every written file afresh from its disassembly)."""
-    results = []
+    test audits every written file afresh from its disassembly). The batch's rebuilt kernels are disassembled by
+    one llvm-objdump call (a call's start costs about as much as disassembling a kernel), each proven on its own."""
+    results: dict[str, Moved] = {}
+    planned = []  # (moved, job, original, code object, groups, audit) of each kernel whose plan was built
+    encodings = {chunk: e.encoding for chunk, e in expected.items()}
     for relpath in relpaths:
         moved = Moved(relpath)
         source, target = Path(src_root, relpath), Path(staging_root, relpath)
@@ -174,33 +186,38 @@ def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths
             for pad in pads.get(relpath, []):
                 kernel.pad(pad.consumer, pad.wait_states)
             # Once proven, the written listing is the planned one: this audit is the written file's.
-            audit = kernel.pad_short_edges() if pad_hazards else kernel.audit()[0]
+            audit = kernel.pad_short_edges((shortfalls or {}).get(relpath)) if pad_hazards else kernel.audit()[0]
             kernel.count(moved)
             groups = [kernel.group(i) for i in range(len(kernel.instructions))]
-            encodings = {chunk: e.encoding for chunk, e in expected.items()}
             job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(kernel.edits()))
-            rebuilt = reassemble.rebuild(tools, [job])[0]
         except (elf.ElfError, isa.SplitError, reassemble.ReassemblyError) as error:
-            results.append(Moved(relpath, "refused", str(error)))
+            results[relpath] = Moved(relpath, "refused", str(error))
             continue
         except KeyError:
-            results.append(Moved(relpath, "error", "an instruction has no gfx90a encoding and is not planned to be "
-                                                   "replaced (translator bug: report it with the source tree)"))
+            results[relpath] = Moved(relpath, "error", "an instruction has no gfx90a encoding and is not planned to "
+                                                       "be replaced (translator bug: report it with the source tree)")
             continue
+        planned.append((moved, job, original, code_object, groups, audit))
+    written = []
+    for (moved, job, original, code_object, groups, audit), rebuilt in zip(
+            planned, reassemble.rebuild(tools, [job for _, job, *_ in planned])):
         if rebuilt.error:
-            results.append(Moved(relpath, "refused", rebuilt.error))
+            results[moved.relpath] = Moved(moved.relpath, "refused", rebuilt.error)
             continue
+        target = Path(job.target)
         data = bytearray(target.read_bytes())
         elf.retarget_to_gfx90a(data, elf.read_code_object(bytes(data)))
         target.write_bytes(data)
-        os.chmod(target, source.stat().st_mode & 0o777)
-        listing = llvm.objdump_lines(tools, [target], "gfx90a").get(str(target), [])
-        error = prove(original, bytes(data), listing, groups)
+        os.chmod(target, Path(job.source).stat().st_mode & 0o777)
+        written.append((moved, target, bytes(data), original, code_object, groups, audit))
+    listings = llvm.objdump_lines(tools, [target for _, target, *_ in written], "gfx90a") if written else {}
+    for moved, target, data, original, code_object, groups, audit in written:
+        error = prove(original, data, listings.get(str(target), []), groups)
         if error is None:
-            moved.text_growth = elf.read_code_object(bytes(data)).text_size - code_object.text_size
+            moved.text_growth = elf.read_code_object(data).text_size - code_object.text_size
             moved.audit = audit.to_json()
         else:
             target.unlink()
-            moved = Moved(relpath, "error", f"proof failed: {error}")
-        results.append(moved)
-    return results
+            moved = Moved(moved.relpath, "error", f"proof failed: {error}")
+        results[moved.relpath] = moved
+    return [results[relpath] for relpath in relpaths]

@@ -6,7 +6,7 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
 2. decode: LLVM decodes each distinct instruction for gfx942 (it must consume exactly the bytes given);
 3. judge: each text gets its gfx90a spelling (isa.RENAMES, checked against gfx942 as an alias) and is assembled for
    gfx90a; an instruction passes when it assembles to an encoding of the original length; each int8 K=32 MFMA
-   gets its two gfx90a halves (split.py), assembled and decoded back by LLVM;
+   gets its two gfx90a halves (split.py), assembled, and decoded back by LLVM when the split is on;
 4. audit: each kernel whose every instruction passes gets its MFMA wait states audited under gfx90a's rules
    (cdna2.kernels.hazards, worker processes); the kernel hazard policy decides which of them are installed;
 5. plan: a portable kernel with short MFMA edges (when pad_mfma_hazards) or with pads asked for, and a kernel whose
@@ -20,7 +20,9 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
 8. manifests are pruned to the written kernels, other files carried over, the post-condition checked, and the
    staging tree moved into place.
 
-Stages 1-4 are ``_analyse`` (shared with classify), 5-8 the rest of ``translate_tree``.
+Stages 1-4 are ``_analyse`` (shared with classify), 5-8 the rest of ``translate_tree``, which runs stages 4 to 7
+pipelined on the worker pool (``_audit_write_and_move``): a kernel is planned, written and proven as soon as its
+audit batch is back.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import time
 from array import array
 from collections import Counter
 from itertools import zip_longest
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from functools import lru_cache
 from multiprocessing import get_context
 from pathlib import Path
@@ -199,7 +201,9 @@ class Analysis:
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
         self.expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> gfx90a bytes, objdump line around the address
         self.halves: dict[int, tuple[Expected, Expected]] = {}  # gid of an int8 K=32 MFMA -> its gfx90a split
+        self.splittable: set[int] = set()  # gids of the int8 K=32 MFMAs whose split assembles for gfx90a
         self.audits: dict[str, dict] = {}  # relpath of a portable kernel -> its hazard audit (KernelAudit.to_json)
+        self.shortfalls: dict[str, dict[int, int]] = {}  # relpath of a short kernel -> KernelAudit.shortfalls
         self.durations: dict[str, float] = {}
 
     def blockers(self, relpath: str) -> list[int]:
@@ -220,10 +224,17 @@ class Analysis:
     def split_unlocks(self, relpath: str) -> bool:
         """Every blocker of the kernel is an int8 K=32 MFMA the split rule handles."""
         blockers = self.blocking.intersection(self.files[relpath][1])
-        return bool(blockers) and blockers <= self.halves.keys()
+        return bool(blockers) and blockers <= self.splittable
 
     def portable(self) -> list[str]:
         return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blockers(relpath)]
+
+    def add_audits(self, batch: list[tuple[str, dict, dict[int, int]]]) -> None:
+        """What hazards.audit_batch found."""
+        for relpath, audit, shortfalls in batch:
+            self.audits[relpath] = audit
+            if shortfalls:
+                self.shortfalls[relpath] = shortfalls
 
     def gfx90a_texts_for(self, relpaths: list[str]) -> dict[bytes, str]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
@@ -247,7 +258,9 @@ def _pool(jobs: int) -> ProcessPoolExecutor:
 
 
 def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
-             progress: Progress) -> Analysis:
+             progress: Progress, audit: bool = True, decode_splits: bool = False) -> Analysis:
+    """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing); `decode_splits`
+    when split kernels are to be written (their proof needs the halves' text as LLVM prints it)."""
     analysis = Analysis()
     started = time.monotonic()
     progress(f"scanning {len(kernels)} code objects with {jobs} processes")
@@ -271,13 +284,14 @@ def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, po
     analysis.durations["decode"] = time.monotonic() - started
 
     started = time.monotonic()
-    _judge(analysis, tools, jobs, progress)
+    _judge(analysis, tools, jobs, progress, decode_splits)
     analysis.blocking = set(analysis.reasons)
     analysis.durations["assemble"] = time.monotonic() - started
 
-    started = time.monotonic()
-    _audit(analysis, src, jobs, pool, progress)
-    analysis.durations["audit"] = time.monotonic() - started
+    if audit:
+        started = time.monotonic()
+        _audit(analysis, src, jobs, pool, progress)
+        analysis.durations["audit"] = time.monotonic() - started
     return analysis
 
 
@@ -287,10 +301,10 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
     groups = _balanced(src, portable, jobs * 2)
     for batch in pool.map(hazards.audit_batch, [str(src)] * len(groups), groups,
                           [analysis.gfx90a_texts_for(group) for group in groups], ["gfx90a"] * len(groups)):
-        analysis.audits.update(batch)
+        analysis.add_audits(batch)
 
 
-def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress) -> None:
+def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress, decode_splits: bool) -> None:
     targets = [isa.rename(text) if text is not None else None for text in analysis.texts]
     gfx90a_texts = sorted({target for target in targets if target is not None})
     progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a")
@@ -310,15 +324,16 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         elif target != text and aliases[target][0] != chunk:
             analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
         else:
-            head, _, tail = llvm.objdump_line(0, target, llvm.objdump_words(encoding)).partition(f"{0:012X}")
-            analysis.expected[gid] = (encoding, head, tail)
+            analysis.expected[gid] = (encoding, *llvm.objdump_line_around_address(target, encoding))
     analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
-    _judge_splits(analysis, tools, jobs)
+    _judge_splits(analysis, tools, jobs, decode_splits)
 
 
-def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int) -> None:
-    """The gfx90a halves of each int8 K=32 MFMA the split rule handles, assembled and decoded back by LLVM (the
-    decoded text is what objdump prints for them)."""
+def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, decode: bool) -> None:
+    """The gfx90a halves of each int8 K=32 MFMA the split rule handles, assembled (a split that does not assemble
+    leaves its kernel blocked) and, with `decode`, decoded back by LLVM: the decoded text is what objdump prints
+    for them, which only the proof of a written split kernel needs (so a translation without the split, or
+    classify, spends no decode on them)."""
     planned = {}
     for gid, bucket in analysis.buckets.items():
         if bucket == isa.INT8_K32:
@@ -329,12 +344,15 @@ def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int) -> None:
                 planned[gid] = halves
     texts = sorted({text for pair in planned.values() for text in pair})
     encodings = dict(zip(texts, llvm.assemble(tools, texts, "gfx90a", jobs)))
-    decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None]
-    printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs)))
+    decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None] if decode else []
+    printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs))) if decodable else {}
     for gid, pair in planned.items():
-        expected = [(encodings[t][0], printed.get(encodings[t][0])) for t in pair]
-        if all(encoding is not None and text is not None for encoding, text in expected):
-            analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in expected)
+        encoded = [encodings[t][0] for t in pair]
+        back = [printed.get(encoding) for encoding in encoded] if decode else []
+        if None not in encoded and None not in back:
+            analysis.splittable.add(gid)
+            if decode:
+                analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in zip(encoded, back))
         else:
             analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {encodings[pair[0]][1]}"
 
@@ -491,18 +509,6 @@ def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | No
 
 # --- translate ------------------------------------------------------------------------------------------------------
 
-def _write_kernels(src: Path, staging: Path, analysis: Analysis, portable: list[str], tools: llvm.LlvmTools,
-                   jobs: int, pool: ProcessPoolExecutor, progress: Progress) -> dict[str, tuple[int, str | None]]:
-    progress(f"writing and proving {len(portable)} kernels")
-    results: dict[str, tuple[int, str | None]] = {}
-    groups = _balanced(src, portable, jobs * 3)
-    for batch in pool.map(_write_batch, [tools] * len(groups), [str(src)] * len(groups),
-                          [str(staging)] * len(groups), groups, [analysis.expected_for(g) for g in groups]):
-        for relpath, patched, error in batch:
-            results[relpath] = (patched, error)
-    return results
-
-
 def _write_manifests(src: Path, staging: Path, others: list[str], source_kernels: set[str],
                      written: set[str]) -> tuple[dict[str, dict], list[str]]:
     manifests, carried = {}, []
@@ -549,6 +555,26 @@ class Policy:
         """A name for the policy, for directories: `default`, `strict-unpadded-int8-k32-split`, ..."""
         return (self.hazards + ("" if self.pad_mfma_hazards else "-unpadded")
                 + ("-int8-k32-split" if self.int8_k32_split else ""))
+
+    @classmethod
+    def of_host_data(cls, data) -> "Policy":
+        """The policy a host's data selects (deploy and verify read the same keys)."""
+        return cls(hazards=data.kernel_hazard_policy, pad_mfma_hazards=data.pad_mfma_hazards,
+                   int8_k32_split=data.int8_k32_split)
+
+    def record(self, audit_version: str | None = None) -> dict[str, str | bool]:
+        """The whole policy as the deployed record keeps it (`kernel_hazards`), with the version of the MFMA
+        wait-state audit that judged the tree (this tool's when None); verify compares it with the record a deploy
+        would write now."""
+        return {"policy": self.hazards, "audit_version": audit_version or hazards.AUDIT_VERSION,
+                "pad_mfma_hazards": self.pad_mfma_hazards, "int8_k32_split": self.int8_k32_split}
+
+    @staticmethod
+    def read_record(record: dict) -> dict[str, str | bool]:
+        """A recorded `kernel_hazards` in the form record() gives, whichever deploy wrote it. Records without the
+        pad and split fields were written by deploys that ran with padding on and the split off (the defaults
+        since the re-assembler came; records from before it, when nothing was padded, read as padded too)."""
+        return {"pad_mfma_hazards": True, "int8_k32_split": False, **record}
 
     @property
     def cli_arguments(self) -> list[str]:
@@ -621,30 +647,61 @@ def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
             raise
 
 
-def _move_kernels(src: Path, staging: Path, analysis: Analysis, relpaths: list[str], pads: dict[str, list[edits.Pad]],
-                  pad_hazards: bool, tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
-                  progress: Progress) -> dict[str, edits.Moved]:
-    """Kernels whose code moves (split, padded): rebuilt through assembly source, each proven (edits.move_batch),
-    then the gfx90a target checked by llvm-readelf as for kernels patched in place."""
-    if not relpaths:
-        return {}
-    progress(f"re-assembling and proving {len(relpaths)} kernels whose code moves")
-    groups = _balanced(src, relpaths, jobs * 3)
-    moves = [analysis.moves_for(group) for group in groups]
-    results = {}
-    for batch in pool.map(edits.move_batch, [tools] * len(groups), [str(src)] * len(groups),
-                          [str(staging)] * len(groups), groups, [m[0] for m in moves], [m[1] for m in moves],
-                          [{r: pads[r] for r in group if r in pads} for group in groups],
-                          [pad_hazards] * len(groups)):
-        results.update((moved.relpath, moved) for moved in batch)
-    written = [staging / r for r, moved in results.items() if moved.outcome == "written"]
+def _route(relpath: str, audit: dict, policy: Policy, pads: dict[str, list[edits.Pad]]) -> str:
+    """What becomes of a portable kernel once audited: re-assembled (`move`: padded, or pads asked for), patched
+    `in place`, or `withheld` by the hazard policy."""
+    if relpath in pads or (policy.pad_mfma_hazards and audit["verdict"] in (hazards.SHORT_STRAIGHT,
+                                                                           hazards.SHORT_BRANCHES)):
+        return "move"
+    return "in place" if hazards.installs(policy.hazards, audit["verdict"]) else "withheld"
+
+
+def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked: list[str], policy: Policy,
+                          pads: dict[str, list[edits.Pad]], tools: llvm.LlvmTools, jobs: int,
+                          pool: ProcessPoolExecutor, progress: Progress
+                          ) -> tuple[dict[str, str], dict[str, tuple[int, str | None]], dict[str, edits.Moved]]:
+    """Stages 4, 6 and 7 pipelined on the pool. The audits are queued first, then the kernels the split unlocks
+    (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues its kernels to
+    be patched in place (_write_batch) or re-assembled (edits.move_batch), so no worker waits for the last audit
+    or for the other kind's last batch. Kernels re-assembled are then checked for the gfx90a target by
+    llvm-readelf, as _write_batch checks its own. Returns each portable kernel's route (_route), the in-place
+    outcomes and the re-assembled kernels."""
+    started = time.monotonic()
+    portable = analysis.portable()
+    progress(f"auditing MFMA wait states of {len(portable)} portable kernels for gfx90a and writing and proving them "
+             f"as their audits come back; re-assembling and proving {len(unlocked)} kernels the split unlocks")
+    audits = [pool.submit(hazards.audit_batch, str(src), group, analysis.gfx90a_texts_for(group), "gfx90a")
+              for group in _balanced(src, portable, jobs * 4)]
+
+    def move(group: list[str]) -> Future:
+        expected, halves = analysis.moves_for(group)
+        return pool.submit(edits.move_batch, tools, str(src), str(staging), group, expected, halves,
+                           {r: pads[r] for r in group if r in pads}, policy.pad_mfma_hazards,
+                           {r: analysis.shortfalls[r] for r in group if r in analysis.shortfalls})
+
+    moves = [move(group) for group in _balanced(src, unlocked, jobs * 4)]
+    writes, routes = [], {}
+    for future in as_completed(audits):
+        batch = future.result()
+        analysis.add_audits(batch)
+        routed = {relpath: _route(relpath, audit, policy, pads) for relpath, audit, _ in batch}
+        routes.update(routed)
+        if in_place := sorted(relpath for relpath, route in routed.items() if route == "in place"):
+            writes.append(pool.submit(_write_batch, tools, str(src), str(staging), in_place,
+                                      analysis.expected_for(in_place)))
+        moves += [move(group) for group in _balanced(src, [r for r, route in routed.items() if route == "move"],
+                                                    jobs)]
+    analysis.durations["audit"] = time.monotonic() - started
+    outcomes = {relpath: (patched, error) for future in writes for relpath, patched, error in future.result()}
+    moved = {result.relpath: result for future in moves for result in future.result()}
+    written = [staging / r for r, result in moved.items() if result.outcome == "written"]
     notes = llvm.readelf_notes(tools, written) if written else {}
     for path in written:
         if error := _check_target(notes.get(str(path), "")):
             path.unlink()
-            results[path.relative_to(staging).as_posix()] = edits.Moved(path.relative_to(staging).as_posix(),
-                                                                        "error", error)
-    return results
+            relpath = path.relative_to(staging).as_posix()
+            moved[relpath] = edits.Moved(relpath, "error", error)
+    return routes, outcomes, moved
 
 
 def _moved_entry(moved: edits.Moved, audit_before: dict | None) -> dict:
@@ -708,25 +765,22 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
     staging = _staging_for(dst)
     try:
         with _pool(jobs) as pool:
-            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress)
-            kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
-            written_started = time.monotonic()
+            analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False,
+                                decode_splits=policy.int8_k32_split)
             staging.mkdir()
-            portable = [relpath for relpath, entry in kernels.items() if entry["status"] == "portable"]
-            unlocked = {relpath for relpath, entry in kernels.items() if entry.get("unlocked_by") == "int8_k32_split"}
-            short = {relpath for relpath in portable
-                     if kernels[relpath]["hazards"]["verdict"] in (hazards.SHORT_STRAIGHT, hazards.SHORT_BRANCHES)}
-            moving = sorted({r for r in portable if r in pads} | (short if policy.pad_mfma_hazards else set())
-                            | (unlocked if policy.int8_k32_split else set()))
-            for relpath in set(portable) - set(moving):
+            unlocked = sorted(relpath for relpath, (kind, _) in analysis.files.items()
+                              if kind == "ok" and analysis.split_unlocks(relpath))
+            audit_started = time.monotonic()
+            routes, outcomes, moved = _audit_write_and_move(src, staging, analysis,
+                                                            unlocked if policy.int8_k32_split else [], policy, pads,
+                                                            tools, jobs, pool, progress)
+            # From the last audit's return: the writing and proving that had not finished by then.
+            analysis.durations["write_and_prove"] = time.monotonic() - audit_started - analysis.durations["audit"]
+        kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+        for relpath, route in routes.items():
+            if route == "withheld":
                 entry = kernels[relpath]
-                if not hazards.installs(policy.hazards, entry["hazards"]["verdict"]):
-                    entry.update(status="withheld", reason=_withheld_reason(entry["hazards"], policy.hazards))
-            in_place = [relpath for relpath in portable if kernels[relpath]["status"] == "portable"
-                        and relpath not in moving]
-            outcomes = _write_kernels(src, staging, analysis, in_place, tools, jobs, pool, progress)
-            moved = _move_kernels(src, staging, analysis, moving, pads, policy.pad_mfma_hazards, tools, jobs, pool,
-                                  progress)
+                entry.update(status="withheld", reason=_withheld_reason(entry["hazards"], policy.hazards))
         for relpath, (patched, error) in outcomes.items():
             if error:
                 kernels[relpath].update(status="error", reason=f"proof failed: {error}")
@@ -737,17 +791,16 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             if outcome.outcome == "written" and not hazards.installs(policy.hazards, outcome.audit["verdict"]):
                 (staging / relpath).unlink()
                 kernels[relpath].update(status="withheld", reason=_withheld_reason(outcome.audit, policy.hazards))
-        analysis.durations["write_and_prove"] = time.monotonic() - written_started
 
         manifests_started = time.monotonic()
         written = {relpath for relpath, entry in kernels.items() if entry["status"] == "written"}
         manifests, carried = _write_manifests(src, staging, others, set(kernel_paths), written)
         _check_postcondition(staging, manifests, dst)
         split_report = {"enabled": policy.int8_k32_split, "kernels_unlocked": len(unlocked),
-                        "written": len(unlocked & written)}
+                        "written": len(set(unlocked) & written)}
         if not policy.int8_k32_split:
             split_report["manifest_rows_it_would_add"] = _rows_gained(src, others, set(kernel_paths), written,
-                                                                      unlocked)
+                                                                      set(unlocked))
         analysis.durations["manifests"] = time.monotonic() - manifests_started
 
         report = {

@@ -380,6 +380,14 @@ class KernelAudit:
         candidates = straight or self.short_edges
         return max(candidates, key=lambda e: (e.needed - e.present, -e.consumer_address), default=None)
 
+    def shortfalls(self, base: int = 0) -> dict[int, int]:
+        """Consumer address - `base` -> the wait states missing before it (the largest shortfall of its edges)."""
+        missing: dict[int, int] = {}
+        for edge in self.short_edges:
+            offset = edge.consumer_address - base
+            missing[offset] = max(missing.get(offset, 0), edge.needed - edge.present)
+        return missing
+
     def to_json(self) -> dict:
         paths = {name: 0 for name in PATH_NAMES}
         for edge in self.short_edges:
@@ -749,13 +757,16 @@ def installs(policy: str, verdict: str) -> bool:
 
 # --- the engine's stage (runs in worker processes) -----------------------------------------------------------------
 
-def audit_batch(src_root: str, relpaths: list[str], texts: dict[bytes, str], target: str) -> list[tuple[str, dict]]:
-    """Audit each code object: its .text cut into instructions, each spelt as `texts` gives it."""
+def audit_batch(src_root: str, relpaths: list[str], texts: dict[bytes, str],
+                target: str) -> list[tuple[str, dict, dict[int, int]]]:
+    """Audit each code object: its .text cut into instructions, each spelt as `texts` gives it. Per kernel: the
+    audit (KernelAudit.to_json) and its shortfalls by consumer .text offset (what padding the kernel needs)."""
     results = []
     for relpath in relpaths:
         data = Path(src_root, relpath).read_bytes()
         code_object = elf.read_code_object(data)
         chunks = isa.split_instructions(elf.text_of(data, code_object))
         addresses = list(accumulate(map(len, chunks), initial=code_object.text_address))
-        results.append((relpath, _audit(addresses, list(map(texts.__getitem__, chunks)), target).to_json()))
+        audit = _audit(addresses, list(map(texts.__getitem__, chunks)), target)
+        results.append((relpath, audit.to_json(), audit.shortfalls(code_object.text_address)))
     return results

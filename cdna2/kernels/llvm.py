@@ -189,6 +189,12 @@ def objdump_line(address: int, text: str, words: str) -> str:
     return f"{chr(9) + text:<60}// {address:012X}: {words}"
 
 
+def objdump_line_around_address(text: str, encoding: bytes) -> tuple[str, str]:
+    """What objdump_line puts before and after the address: line = head + f"{address:012X}" + tail."""
+    head, _, tail = objdump_line(0, text, objdump_words(encoding)).partition(f"{0:012X}")
+    return head, tail
+
+
 def normalised(line: str) -> str:
     """An objdump line with the alignment padding removed, for comparing lines laid out differently."""
     return _OBJDUMP_PADDING.sub(" // ", line, count=1)

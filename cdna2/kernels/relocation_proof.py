@@ -14,6 +14,7 @@ Checked from the written file alone (its llvm-objdump listing and its ELF tables
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from cdna2.host import elf
 from cdna2.kernels import isa, llvm
@@ -25,6 +26,11 @@ class Expected:
     """One instruction the new listing must hold: its text as objdump prints it and its encoding."""
     text: str
     encoding: bytes
+
+    @cached_property
+    def line_around_address(self) -> tuple[str, str]:
+        """Its objdump line before and after the address (computed once: most are shared by many kernels)."""
+        return llvm.objdump_line_around_address(self.text, self.encoding)
 
 
 def _words(words: str) -> bytes:
@@ -47,12 +53,19 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
     lines = iter(listing)
     mapped: list[int] = []
     branches: list[tuple[int, str, int, int]] = []  # (address, mnemonic, encoded offset, original target index)
-    printed: dict[int, str] = {}  # id of an Expected (shared by every instance of an instruction) -> text|words
+    address = new_text.address  # where the next line is expected; a line found elsewhere is parsed for its own
     for index, group in enumerate(groups):
         for position, want in enumerate(group):
             line = next(lines, None)
             if line is None:
                 return f"the listing ends inside the group of original instruction {index}"
+            if not isinstance(want, int):
+                head, tail = want.line_around_address
+                if line == f"{head}{address:012X}{tail}":  # exactly what the check below accepts, spelt by objdump
+                    if position == 0:
+                        mapped.append(address - new_text.address)
+                    address += len(want.encoding)
+                    continue
             text, _, location = line.rpartition("// ")
             address_text, _, words = location.partition(": ")
             words = words.split("<", 1)[0].strip()  # objdump may name a branch target after the words: <sym+0x14>
@@ -65,14 +78,14 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
                     return (f"{address:#x}: {text.strip()!r} stands where original instruction {index}, a branch, "
                             "belongs")
                 branches.append((address, found[0], found[1], want))
-            elif f"{text.strip()}|{words.strip()}" != (printed.get(id(want)) or printed.setdefault(
-                    id(want), f"{want.text.strip()}|{llvm.objdump_words(want.encoding)}")):
+            elif text.strip() != want.text.strip() or words != llvm.objdump_words(want.encoding):
                 return f"{address:#x}: expected {want.text!r} ({want.encoding.hex()}), found {text.strip()!r} ({words})"
+            address += 4 * len(words.split())
     if (extra := next(lines, None)) is not None:
         return f"the listing has more instructions than planned, from {extra.strip()!r}"
     mapped.append(new_text.size)
     old_instructions = isa.split_instructions(original[old_text.offset:old_text.offset + old_text.size])
-    old_branches = [isa.branch_of(chunk) for chunk in old_instructions if isa.branch_of(chunk) is not None]
+    old_branches = [found for found in map(isa.branch_of, old_instructions) if found is not None]
     for (address, mnemonic, offset, target), (old_mnemonic, _) in zip(branches, old_branches):
         if mnemonic != old_mnemonic:
             return f"{address:#x}: branch {mnemonic} stands for {old_mnemonic}"

@@ -141,10 +141,13 @@ def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_th
         assert details["hazard_policy"] == "default" and details["withheld"] == 0, details
         assert details["hazard_verdicts"]["short-straight-line"] == details["hazard_verdicts"]["unaudited"] == 0
         assert details["code_changes"].get("padded", 0) > 0 and "padded" in row["steps"]["kernels"]["detail"]
-    # The installed trees were made under the default policy: verify with another one names the drift, changes nothing.
-    strict = run_pyinfra("-y", "verify.py", "--data", "kernel_hazard_policy=strict", report_dir=tmp_path)
+    # The installed trees were made under the default policy: verify with another one names each field that differs,
+    # changes nothing.
+    strict = run_pyinfra("-y", "verify.py", "--data", "kernel_hazard_policy=strict", "--data", "int8_k32_split=true",
+                         report_dir=tmp_path)
     assert strict.returncode != 0
     for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
         detail = strict.row(lab_host["name"])["steps"]["verify"]["detail"]
-        assert "kernels made under kernel_hazard_policy default" in detail, detail
-        assert "now kernel_hazard_policy strict" in detail, detail
+        assert "kernel_hazard_policy: recorded default, host data strict: run the deploy" in detail, detail
+        assert "int8_k32_split: recorded off, host data on: run the deploy" in detail, detail
+        assert "pad_mfma_hazards" not in detail, detail

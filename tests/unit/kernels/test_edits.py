@@ -141,6 +141,14 @@ def test_the_proof_accepts_exactly_the_planned_kernel(padded):
     assert prove(*padded) is None
 
 
+def test_the_proof_reads_a_line_laid_out_otherwise_as_any_other(padded):
+    # Lines spelt exactly as objdump prints the planned instruction are accepted by one comparison; others parsed.
+    original, new, lines, groups = padded
+    relaid = [llvm.normalised(line) for line in lines]
+    assert relaid != lines
+    assert prove(original, new, relaid, groups) is None
+
+
 def test_the_proof_catches_a_listing_that_is_not_the_plan(padded):
     original, new, lines, groups = padded
     assert "expected 's_nop 2'" in prove(original, new, lines, [[Expected("s_nop 2", bytes.fromhex("020080bf"))]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cdna2.drift import find_drift
+from cdna2.host import elf
 from cdna2.hostdata import problems_for, schema
-from cdna2.kernels import Policy, TranslationError, hazards, translate_tree
+from cdna2.kernels import Policy, TranslationError, edits, engine, hazards, isa, translate_tree
 from cdna2.plan import deployed_record
 from cdna2.translated import TranslatedTree
 from tests.unit.kernels.conftest import BF16_MFMA
@@ -84,19 +85,52 @@ def provisioned_probe(deployed: dict) -> dict:
 
 
 def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
-    made = {"policy": "default", "audit_version": hazards.AUDIT_VERSION}
+    made = Policy().record()
+    assert made == {"policy": "default", "audit_version": hazards.AUDIT_VERSION, "pad_mfma_hazards": True,
+                    "int8_k32_split": False}
     deployed = deployed_record({"distributions": {}}, [], "d" * 64, {}, made)
     assert deployed["kernel_hazards"] == made
     assert find_drift(provisioned_probe(deployed), {}, made) == []
-    (drift,) = find_drift(provisioned_probe(deployed), {}, dict(made, policy="strict"))
-    assert drift == (f"kernels made under kernel_hazard_policy default, audit {hazards.AUDIT_VERSION}; now "
-                     f"kernel_hazard_policy strict, audit {hazards.AUDIT_VERSION}: run the deploy to install the "
-                     "tree these give")
-    (drift,) = find_drift(provisioned_probe(deployed), {}, dict(made, audit_version="0"))
-    assert "now kernel_hazard_policy default, audit 0" in drift
+    (drift,) = find_drift(provisioned_probe(deployed), {}, Policy(hazards="strict").record())
+    assert drift == ("kernel_hazard_policy: recorded default, host data strict: run the deploy to install the tree "
+                     "these give")
+    (drift,) = find_drift(provisioned_probe(deployed), {}, Policy().record(audit_version="0"))
+    assert drift == (f"MFMA wait-state audit version: recorded {hazards.AUDIT_VERSION}, this tool 0: run the deploy "
+                     "to install the tree these give")
     older = deployed_record({"distributions": {}}, [], "d" * 64, {})
     (drift,) = find_drift(provisioned_probe(older), {}, made)
     assert drift.startswith("kernels made under a deploy without the MFMA wait-state audit")
+
+
+def test_verify_names_padding_and_the_split_when_the_host_data_changed_since_the_deploy():
+    padded = deployed_record({"distributions": {}}, [], "d" * 64, {}, Policy().record())
+    (drift,) = find_drift(provisioned_probe(padded), {}, Policy(pad_mfma_hazards=False).record())
+    assert drift == "pad_mfma_hazards: recorded on, host data off: run the deploy to install the tree these give"
+    (drift,) = find_drift(provisioned_probe(padded), {}, Policy(int8_k32_split=True).record())
+    assert drift == "int8_k32_split: recorded off, host data on: run the deploy to install the tree these give"
+    split = deployed_record({"distributions": {}}, [], "d" * 64, {},
+                            Policy(hazards="strict", pad_mfma_hazards=False, int8_k32_split=True).record())
+    assert find_drift(provisioned_probe(split), {}, Policy().record()) == [
+        "kernel_hazard_policy: recorded strict, host data default: run the deploy to install the tree these give",
+        "pad_mfma_hazards: recorded off, host data on: run the deploy to install the tree these give",
+        "int8_k32_split: recorded on, host data off: run the deploy to install the tree these give"]
+
+
+def test_a_record_written_before_padding_and_the_split_were_recorded_reads_as_their_defaults():
+    # What deploys wrote before the record held the whole policy: they ran with padding on and the split off.
+    before = deployed_record({"distributions": {}}, [], "d" * 64, {},
+                             {"policy": "default", "audit_version": hazards.AUDIT_VERSION})
+    assert find_drift(provisioned_probe(before), {}, Policy().record()) == []
+    assert find_drift(provisioned_probe(before), {}, Policy(pad_mfma_hazards=False).record()) == [
+        "pad_mfma_hazards: recorded on, host data off: run the deploy to install the tree these give"]
+    assert find_drift(provisioned_probe(before), {}, Policy(int8_k32_split=True).record()) == [
+        "int8_k32_split: recorded off, host data on: run the deploy to install the tree these give"]
+
+
+def test_the_policy_deploy_and_verify_read_is_the_host_datas():
+    class HostData:
+        kernel_hazard_policy, pad_mfma_hazards, int8_k32_split = "strict", False, True
+    assert Policy.of_host_data(HostData()) == Policy(hazards="strict", pad_mfma_hazards=False, int8_k32_split=True)
 
 
 def test_deploy_report_text_names_the_verdicts_and_the_policy(tmp_path):
@@ -126,3 +160,18 @@ def test_padding_makes_every_short_kernel_clean_so_every_policy_installs_it(verd
         assert entries[name]["hazards"]["verdict"] == "clean", "the written file, audited again"
         assert entries[name]["hazards_before_edits"]["verdict"] != "clean"
     assert report["hazards"]["withheld"] == [] and report["padding"] == {"enabled": True, "kernels": 2, "nops": 3}
+
+
+def test_padding_started_from_the_engines_audit_plans_what_auditing_the_kernel_again_plans(verdict_tree, llvm_tools):
+    kernels = ["fam/branch.co", "fam/clean.co", "fam/straight.co"]
+    with engine._pool(1) as pool:
+        analysis = engine._analyse(verdict_tree, kernels, llvm_tools, 1, pool, lambda message: None)
+    assert set(analysis.shortfalls) == {"fam/branch.co", "fam/straight.co"}, "only short kernels have shortfalls"
+    for relpath in analysis.shortfalls:
+        data = (verdict_tree / relpath).read_bytes()
+        chunks = isa.split_instructions(elf.text_of(data, elf.read_code_object(data)))
+        expected, halves = analysis.moves_for([relpath])
+        audited, started = (edits._Kernel(chunks, expected, halves) for _ in range(2))
+        assert audited.pad_short_edges().short_edges == []
+        assert started.pad_short_edges(analysis.shortfalls[relpath]).short_edges == []
+        assert started.wait_states == audited.wait_states != {}

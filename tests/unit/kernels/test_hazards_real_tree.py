@@ -88,7 +88,7 @@ def test_gfx942_originals_under_gfx942_rules_are_explained_by_staggered_writebac
                               [{analysis.chunks[g]: analysis.texts[g] for g in set().union(
                                   *(analysis.files[r][1] for r in group))} for group in groups],
                               ["gfx942"] * len(groups)):
-            audits.update(batch)
+            audits.update((relpath, audit) for relpath, audit, _ in batch)
     assert len(audits) == 1281
     assert sum(len(a["unparsed"]) for a in audits.values()) == 0, "every line parsed"
     assert sum(len(a["unresolved_branches"]) for a in audits.values()) == 0, "every branch target resolved"
