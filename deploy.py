@@ -89,7 +89,7 @@ else:
     agent = current_agent_bundle()
     if probe["agent"]["digest"] != agent.digest:
         agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=data.state_dir,
-                        installed_digest=probe["agent"]["digest"])
+                        installed_digest=probe["agent"]["digest"], target_python=data.target_python)
 
     # What the host had before the first deploy: rollback restores triton from it.
     baseline = installed_versions(probe)

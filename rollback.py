@@ -56,7 +56,8 @@ report.step(host.name, "rollback", status, "; ".join(plan.problems or plan.descr
 # 4. Undo, then prove: the agent in the state dir runs the undo steps and is removed with it.
 if not (plan.empty or plan.problems):
     agent_installed(name="agent: host-side modules are current", bundle=current_agent_bundle(),
-                    state_dir=data.state_dir, installed_digest=probe["agent"]["digest"])
+                    state_dir=data.state_dir, installed_digest=probe["agent"]["digest"],
+                    target_python=data.target_python)
 rolled_back(name="rollback: AITER and vLLM are stock again", plan=plan, triton=triton,
             target_python=data.target_python, state_dir=data.state_dir)
 if not env_error:

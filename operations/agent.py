@@ -22,7 +22,7 @@ RUN = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} (run {uuid.
 def agent_command(target_python: str, state_dir: str, module: str, *args: str) -> StringCommand:
     """``<target_python> -B -m cdna2.host.<module> ARGS`` run from the installed agent, every value quoted.
 
-    ``-B`` keeps Python from writing __pycache__ into the agent directory, whose digest decides re-uploads.
+    ``-B``: the agent's bytecode is written once, at install (``agent_installed``); the commands only read it.
     ``CDNA2_RUN`` names this run: the host's locked commands hold the run lease for it.
     """
     return StringCommand(
@@ -44,16 +44,18 @@ def current_agent_bundle() -> AgentBundle:
 
 
 @operation()
-def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str | None):
+def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str | None, target_python: str):
     """
     Install this tool's host-side modules (cdna2/host/) under ``<state_dir>/agent``.
 
     + bundle: the agent archive built on the controller and its tree digest
     + state_dir: the tool's state directory on the host
     + installed_digest: the digest of the installed agent, from the host probe (None when absent)
+    + target_python: the interpreter that runs the agent; it compiles the agent's bytecode once, here
 
     The archive is unpacked into a staging directory and renamed into place, so a run never uses a half-copied
-    agent. Nothing is uploaded when the installed agent already has the bundle's digest.
+    agent. Nothing is uploaded when the installed agent already has the bundle's digest. The bytecode (left out of
+    the agent's digest) is written once at install, so even the first probe after an upgrade does not compile.
 
     **Example:**
 
@@ -64,6 +66,7 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
             bundle=build_agent_bundle(cache_dir),
             state_dir="/var/lib/cdna2",
             installed_digest=probe["agent"]["digest"],
+            target_python="/opt/venv/bin/python",
         )
     """
     if installed_digest == bundle.digest:
@@ -81,4 +84,5 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
         "&&", "{", "[", "!", "-e", QuoteString(target), "]", "||", "mv", QuoteString(target), QuoteString(f"{target}.old"), ";", "}",
         "&&", "mv", QuoteString(staging), QuoteString(target),
         "&&", "rm", "-rf", QuoteString(f"{target}.old"), QuoteString(remote_archive),
+        "&&", QuoteString(target_python), "-m", "compileall", "-q", QuoteString(target),
     )

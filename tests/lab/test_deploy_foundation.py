@@ -133,6 +133,9 @@ def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
 def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_the_policy(
         lab: dict, deployed, tmp_path: Path) -> None:
     first, _, _, _ = deployed
+    for lab_host in lab["hosts"]:  # the probe runs the agent's copy from bytecode (operations/facts.py)
+        agent = Path(lab_host["binds"]["/var/lib/cdna2"]) / "agent" / "cdna2" / "host"
+        assert list((agent / "__pycache__").glob("probe.cpython-*.pyc")), f"{lab_host['name']}: no agent bytecode"
     for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
         row = first.row(lab_host["name"])
         assert "kernel_hazard_policy default (MFMA wait-state audit" in row["steps"]["kernels"]["detail"]
