@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -60,13 +62,24 @@ def lab() -> dict:
         run_lab_command("down")
 
 
+@contextmanager
+def one_host_lab(name: str, *up_options: str, monkeypatch: pytest.MonkeyPatch | None = None) -> Iterator[dict]:
+    """``./lab/up 1 UP_OPTIONS`` in a state directory and subnet of its own, stopped at the end if still running.
+    With ``monkeypatch``, CDNA2_LAB_DIR names it for the test (inventory/sim.py, the lab commands)."""
+    # Not under /tmp (each host mounts its own /tmp) and on the filesystem of the venv templates (hard links).
+    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"{name}-{uuid.uuid4().hex[:12]}"
+    if monkeypatch is not None:
+        monkeypatch.setenv("CDNA2_LAB_DIR", str(lab_dir))
+    run_lab_command("up", "1", *up_options, "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
+    try:
+        yield json.loads((lab_dir / "lab.json").read_text())
+    finally:
+        if (lab_dir / "lab.json").exists():
+            run_lab_command("down", lab_dir=lab_dir, check=False)
+
+
 @pytest.fixture()
 def scratch_lab() -> dict:
-    """One host in its own state directory and subnet, stopped at the end if the test left it running."""
-    # Not under /tmp (each host mounts its own /tmp) and on the filesystem of the venv templates (hard links).
-    lab_dir = wheelhouse.cache_root() / "scratch-labs" / uuid.uuid4().hex
-    run_lab_command("up", "1", "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
-    lab = json.loads((lab_dir / "lab.json").read_text())
-    yield lab
-    if (lab_dir / "lab.json").exists():
-        run_lab_command("down", lab_dir=lab_dir)
+    """One host in its own state directory and subnet."""
+    with one_host_lab("scratch") as lab:
+        yield lab

@@ -9,17 +9,14 @@ machine from $CDNA2_AITER_GIT (skipped when absent) and the translation of its t
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
 
 from cdna2.patches.coverage import DEFAULT_AITER_GIT
-from lab import wheelhouse
-from tests.lab.conftest import _scratch_subnets, run_lab_command
+from tests.lab.conftest import one_host_lab
 from tests.lab.deploy_runner import run_pyinfra
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -30,13 +27,8 @@ def develop_lab(monkeypatch: pytest.MonkeyPatch):
     git_dir = Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
     if not (git_dir / "HEAD").is_file():
         pytest.skip(f"no AITER git history at {git_dir}: set CDNA2_AITER_GIT to a clone of github.com/ROCm/aiter")
-    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"develop-{uuid.uuid4().hex[:12]}"
-    monkeypatch.setenv("CDNA2_LAB_DIR", str(lab_dir))
-    run_lab_command("up", "1", "--aiter", "develop", "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
-    lab = json.loads((lab_dir / "lab.json").read_text())
-    yield lab
-    if (lab_dir / "lab.json").exists():
-        run_lab_command("down", lab_dir=lab_dir, check=False)
+    with one_host_lab("develop", "--aiter", "develop", monkeypatch=monkeypatch) as lab:
+        yield lab
 
 
 def git_status(checkout: Path) -> str:

@@ -8,16 +8,13 @@ removes its login users again.
 
 from __future__ import annotations
 
-import json
 import pwd
-import uuid
 from pathlib import Path
 
 import pytest
 
-from lab import wheelhouse
 from lab.labctl import SUDOERS_DIR
-from tests.lab.conftest import _scratch_subnets, run_lab_command
+from tests.lab.conftest import one_host_lab, run_lab_command
 from tests.lab.deploy_runner import host_snapshot, run_pyinfra
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -25,13 +22,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 @pytest.fixture()
 def sudo_lab(monkeypatch: pytest.MonkeyPatch):
-    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"sudo-{uuid.uuid4().hex[:12]}"
-    monkeypatch.setenv("CDNA2_LAB_DIR", str(lab_dir))
-    run_lab_command("up", "1", "--login", "sudo", "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
-    lab = json.loads((lab_dir / "lab.json").read_text())
-    yield lab
-    if (lab_dir / "lab.json").exists():
-        run_lab_command("down", lab_dir=lab_dir, check=False)
+    with one_host_lab("sudo", "--login", "sudo", monkeypatch=monkeypatch) as lab:
+        yield lab
 
 
 def owners_and_modes(root: Path) -> set[tuple[int, int]]:
