@@ -270,13 +270,15 @@ def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda l
     python = torchvenv.torch_cpu_python()
     with tempfile.TemporaryDirectory(prefix="cdna2-gates-") as scratch:
         prepared = [prepare_release(version, catalog, Path(scratch) / version, progress) for version in versions]
-        shares = [[entry for _, entry in prepared[index::workers]] for index in range(workers)]
-        progress(f"evaluating the gates of {len(prepared)} releases in {workers} runners")
+        entries = [entry for _, entry in prepared]
+        shares = [entries[index::workers] for index in range(min(workers, len(entries)))]
+        spec = {"arches": list(ARCHES), "environment": ENVIRONMENT,
+                "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}
+        progress(f"evaluating the gates of {len(entries)} releases in {len(shares)} runners")
+        answers: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            answers = {version: found for share_answers in pool.map(lambda share: run_runner(python, {
-                "releases": share, "arches": list(ARCHES), "environment": ENVIRONMENT,
-                "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}) if share else {}, shares)
-                       for version, found in share_answers.items()}
+            for share_answers in pool.map(lambda share: run_runner(python, {**spec, "releases": share}), shares):
+                answers.update(share_answers)
     for release, _ in prepared:
         release.answers = answers[release.version]
         release.failures = judge(release)
