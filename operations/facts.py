@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from importlib import resources
 from typing import Any
@@ -14,22 +13,22 @@ from typing_extensions import override
 from operations.agent import agent_command
 
 PROBE_SOURCE = resources.files("cdna2").joinpath("host", "probe.py").read_text()
-PROBE_SHA256 = hashlib.sha256(PROBE_SOURCE.encode("utf-8")).hexdigest()
 
-# Runs the installed agent's probe when it is this very source, else the source sent inline: the agent's copy is
-# imported, so its bytecode is cached beside it (compiling 700 lines was a fifth of a provisioned host's probe).
-# A login that cannot read the agent (sudo refused) runs the inline copy. The cache is written even where
+# Runs the installed agent's probe when it is this very source (compared byte for byte: os.fsencode undoes the
+# decoding of argv), else the source sent inline: the agent's copy is imported, so its bytecode is cached beside it
+# (compiling 1,000 lines was a fifth of a provisioned host's probe). A login that cannot read the agent (sudo
+# refused) runs the inline copy. The cache is written even where
 # PYTHONDONTWRITEBYTECODE is set (container images often set it): it lives in this tool's own state directory.
-# argv: AGENT_DIR SHA256 SOURCE OPTIONS [SUDO_REFUSAL].
+# argv: AGENT_DIR SOURCE OPTIONS [SUDO_REFUSAL].
 PROBE_BOOTSTRAP = (
-    "import hashlib,sys\n"
-    "agent,digest,source=sys.argv[1:4]\n"
-    "del sys.argv[1:4]\n"
+    "import os,sys\n"
+    "agent,source=sys.argv[1:3]\n"
+    "del sys.argv[1:3]\n"
     "try:\n"
     " installed=open(agent+'/cdna2/host/probe.py','rb').read()\n"
     "except OSError:\n"
     " installed=b''\n"
-    "if hashlib.sha256(installed).hexdigest()==digest:\n"
+    "if installed==os.fsencode(source):\n"
     " sys.path.insert(0,agent)\n"
     " sys.dont_write_bytecode=False\n"
     " from cdna2.host.probe import main\n"
@@ -66,7 +65,7 @@ class HostProbe(FactBase[dict]):
                               "record_check": record_check or [], "known_contents": known_contents or [],
                               "record_memo": record_memo or {}}, sort_keys=True)
         # Fall back to python3 so a host without its target environment is reported, not failed mid-probe.
-        probe = StringCommand('"$P"', "-c", QuoteString(PROBE_BOOTSTRAP), QuoteString(agent_dir), PROBE_SHA256,
+        probe = StringCommand('"$P"', "-c", QuoteString(PROBE_BOOTSTRAP), QuoteString(agent_dir),
                               QuoteString(PROBE_SOURCE), QuoteString(options))
         find_python = StringCommand("P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3;', _separator="")
         if not sudo:

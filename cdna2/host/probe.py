@@ -11,22 +11,23 @@ The options are described by ``ProbeOptions`` below.
 
 from __future__ import annotations
 
-# Paths are strings and os.path here, and processes are spawned without subprocess: a probe runs on every host on
-# every run, and importing pathlib and subprocess cost it more CPU than reading an unchanged host.
+# Paths are strings and os.path here, processes are spawned without subprocess, JSON is read and written without
+# json (which imports re, and re enum), CSV parsed without csv unless a row is quoted: a probe runs on every host on
+# every run, and those imports cost it more CPU than reading an unchanged host. tests/unit/test_probe.py keeps the
+# list of what it imports.
 import binascii
-import csv
 import hashlib
-import json
 import os
 import pwd
-import re
 import select
 import sys
 import time
 import zlib
-from collections.abc import Callable, Collection
-from functools import lru_cache
 from stat import S_ISREG
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections.abc imports collections: annotations only
+    from collections.abc import Callable, Collection
 
 PROBE_FORMAT = 3
 
@@ -81,6 +82,133 @@ def _read_bytes(path: str | os.PathLike) -> bytes:
 
 def _read_text(path: str | os.PathLike) -> str:
     return _read_bytes(path).decode("utf-8", errors="replace")
+
+
+# --- JSON without the json module: the options, this tool's state files, pip's direct_url.json, the output ---------
+
+_JSON_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_JSON_CONSTANTS = (("true", True), ("false", False), ("null", None))
+_JSON_NUMBER = frozenset("+-0123456789.eE")
+_JSON_SPACE = frozenset(" \t\n\r")
+
+
+def json_loads(text: str):
+    """The value of a JSON document, as ``json.loads`` gives it; ValueError for most texts that are not one (a
+    control character inside a string is let through)."""
+    try:
+        value, end = _json_value(text, _json_skip(text, 0))
+    except IndexError:
+        raise ValueError("not JSON: the text ends inside a value") from None
+    except KeyError as error:
+        raise ValueError(f"not JSON: unknown escape \\{error.args[0]}") from None
+    except ValueError as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if _json_skip(text, end) != len(text):
+        raise ValueError(f"not JSON: extra data at character {end}")
+    return value
+
+
+def _json_skip(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _JSON_SPACE:
+        index += 1
+    return index
+
+
+def _json_value(text: str, index: int) -> tuple[object, int]:
+    char = text[index]
+    if char == '"':
+        return _json_string(text, index + 1)
+    if char in "{[":
+        closing, items = ("}", {}) if char == "{" else ("]", [])
+        index = _json_skip(text, index + 1)
+        while text[index] != closing:
+            if isinstance(items, dict):
+                if text[index] != '"':
+                    raise ValueError(f"expected a name at character {index}")
+                key, index = _json_string(text, index + 1)
+                index = _json_skip(text, index)
+                if text[index] != ":":
+                    raise ValueError(f"expected ':' at character {index}")
+                items[key], index = _json_value(text, _json_skip(text, index + 1))
+            else:
+                value, index = _json_value(text, index)
+                items.append(value)
+            index = _json_skip(text, index)
+            if text[index] == ",":
+                index = _json_skip(text, index + 1)
+            elif text[index] != closing:
+                raise ValueError(f"expected ',' or {closing!r} at character {index}")
+        return items, index + 1
+    for word, constant in _JSON_CONSTANTS:
+        if text.startswith(word, index):
+            return constant, index + len(word)
+    end = index
+    while end < len(text) and text[end] in _JSON_NUMBER:
+        end += 1
+    token = text[index:end]
+    if not token:
+        raise ValueError(f"unexpected {char!r} at character {index}")
+    return (float(token) if "." in token or "e" in token or "E" in token else int(token)), end
+
+
+def _json_string(text: str, index: int) -> tuple[str, int]:
+    """The string starting after its opening quote at ``index``, and the index after its closing quote."""
+    parts = []
+    while True:
+        end = text.find('"', index)
+        if end < 0:
+            raise ValueError(f"unterminated string from character {index - 1}")
+        backslash = text.find("\\", index, end)
+        if backslash < 0:
+            parts.append(text[index:end])
+            return "".join(parts), end + 1
+        parts.append(text[index:backslash])
+        code = text[backslash + 1]
+        if code != "u":
+            parts.append(_JSON_ESCAPES[code])
+            index = backslash + 2
+            continue
+        point, index = int(text[backslash + 2:backslash + 6], 16), backslash + 6
+        if 0xD800 <= point < 0xDC00 and text.startswith("\\u", index):  # a surrogate pair is one character
+            low = int(text[index + 2:index + 6], 16)
+            if 0xDC00 <= low < 0xE000:
+                point, index = 0x10000 + ((point - 0xD800) << 10) + (low - 0xDC00), index + 6
+        parts.append(chr(point))
+
+
+# Escaped as json.dumps escapes them (ensure_ascii): quote, backslash, control characters, DEL and all beyond ASCII,
+# so that the output survives any locale's stdout.
+_JSON_STRING_ESCAPES = {**{code: f"\\u{code:04x}" for code in (*range(0x20), 0x7F)}, ord('"'): '\\"', ord("\\"): "\\\\",
+                        ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", ord("\b"): "\\b", ord("\f"): "\\f"}
+
+
+def _json_string_text(value: str) -> str:
+    value = value.translate(_JSON_STRING_ESCAPES)
+    if not value.isascii():
+        value = "".join(char if ord(char) < 0x80 else f"\\u{ord(char):04x}" if ord(char) < 0x10000 else
+                        "\\u{:04x}\\u{:04x}".format(0xD7C0 + (ord(char) >> 10), 0xDC00 + (ord(char) & 0x3FF))
+                        for char in value)
+    return '"' + value + '"'
+
+
+def json_dumps(value) -> str:
+    """``value`` (dicts with string keys, lists, tuples, strings, numbers, booleans, None) as ``json.dumps(value,
+    sort_keys=True, separators=(",", ":"))`` writes it."""
+    if isinstance(value, str):
+        return _json_string_text(value)
+    if value is None or value is True or value is False:
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"{value} has no JSON form")
+        return repr(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json_string_text(key)}:{json_dumps(value[key])}" for key in sorted(value)) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(json_dumps(item) for item in value) + "]"
+    raise TypeError(f"{type(value).__name__} has no JSON form")
 
 
 def file_sha256(path: str | os.PathLike) -> str | None:
@@ -151,14 +279,31 @@ def tree_stat_signature(root: str | os.PathLike) -> tuple[str, int]:
     return hashlib.sha256("".join(sorted(lines)).encode("utf-8")).hexdigest(), len(lines)
 
 
-@lru_cache(maxsize=16)
+def _csv_row(line: str) -> list[str]:
+    """One RECORD row's fields; the csv module only for a quoted row (a path holding a comma)."""
+    if '"' not in line:
+        return line.split(",")
+    import csv  # here, not at the top: most RECORD rows, and a provisioned host's every probe, need none
+    return next(csv.reader([line]), [])
+
+
+_RECORD_ENTRIES: dict[tuple[str, tuple[str, ...]], tuple[list[str], ...]] = {}
+
+
 def record_entries(record_text: str, prefixes: tuple[str, ...] = ("",)) -> tuple[list[str], ...]:
     """[path, hash field, size] of the RECORD rows whose path starts with one of ``prefixes`` (default: every row).
 
     RECORD is CSV, so a path holding a comma comes quoted (``"prefix...``): the lines starting with a prefix,
     quoted or not, are selected first, which keeps a probe off the CSV parse of AITER's 1.5 MB RECORD (and off a
-    Python-level test of each of its lines); the result is cached because a probe asks for the same rows twice.
+    Python-level test of each of its lines); the result is kept because a probe asks for the same rows twice.
     """
+    key = (record_text, prefixes)
+    if key not in _RECORD_ENTRIES:
+        _RECORD_ENTRIES[key] = _record_entries(record_text, prefixes)
+    return _RECORD_ENTRIES[key]
+
+
+def _record_entries(record_text: str, prefixes: tuple[str, ...]) -> tuple[list[str], ...]:
     if "" in prefixes:
         lines = record_text.splitlines()
     else:
@@ -168,7 +313,7 @@ def record_entries(record_text: str, prefixes: tuple[str, ...] = ("",)) -> tuple
                  for offset, line in _lines_starting_with(record_text, prefix).items()}
         lines = [found[offset] for offset in sorted(found)]  # in RECORD order, as the full parse gives them
     # Only a quoted path needs the CSV parser; splitting the other lines on commas is several times faster.
-    rows = (line.split(",") if '"' not in line else next(csv.reader([line]), []) for line in lines)
+    rows = (_csv_row(line) for line in lines)
     return tuple(row if len(row) == 3 else (row + ["", ""])[:3]
                  for row in rows if row and row[0] and row[0].startswith(prefixes))
 
@@ -182,7 +327,7 @@ def record_hashes(record_text: str, paths: Collection[str]) -> dict[str, str]:
             index = 0 if record_text.startswith(start) else record_text.find(f"\n{start}") + 1 or -1
             if index >= 0:
                 end = record_text.find("\n", index)
-                row = next(csv.reader([record_text[index:None if end < 0 else end].rstrip("\r")]), [])
+                row = _csv_row(record_text[index:None if end < 0 else end].rstrip("\r"))
                 if len(row) > 1 and row[0] == path and row[1]:
                     hashes[path] = row[1]
                 break
@@ -231,8 +376,11 @@ def read_python(target_python: str) -> dict:
 
 
 def canonical_name(name: str) -> str:
-    """PEP 503 normalised name: ``amd_aiter`` -> ``amd-aiter``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
+    """PEP 503 normalised name: ``amd_aiter`` -> ``amd-aiter`` (runs of ``-``, ``_`` and ``.`` become one ``-``)."""
+    dashed = name.replace("_", "-").replace(".", "-").lower()
+    while "--" in dashed:
+        dashed = dashed.replace("--", "-")
+    return dashed
 
 
 # Installed-distribution metadata directories, and the file in each that holds the core metadata.
@@ -315,10 +463,23 @@ def read_distributions(errors: list[str]) -> dict:
     return found
 
 
+def _leading_digits(text: str) -> str:
+    end = 0
+    while end < len(text) and text[end] in "0123456789":
+        end += 1
+    return text[:end]
+
+
 def parse_rocm_version(text: str) -> str | None:
-    """``6.4.3-74`` or ``7.14.0`` -> the dotted release; None when the text holds no version."""
-    match = re.match(r"\s*(\d+\.\d+(?:\.\d+)?)", text)
-    return match.group(1) if match else None
+    """``6.4.3-74`` or ``7.14.0`` -> the dotted release (two or three numbers); None when the text holds no
+    version."""
+    numbers, rest = [], text.lstrip()
+    while len(numbers) < 3 and (number := _leading_digits(rest)):
+        numbers.append(number)
+        if not rest[len(number):].startswith(".") or not _leading_digits(rest[len(number) + 1:]):
+            break
+        rest = rest[len(number) + 1:]
+    return ".".join(numbers) if len(numbers) >= 2 else None
 
 
 def read_rocm(rocm_root: str, distributions: dict) -> dict:
@@ -335,21 +496,28 @@ def read_rocm(rocm_root: str, distributions: dict) -> dict:
 
 def parse_rocminfo(text: str) -> list[dict]:
     """GPU agents from ``rocminfo`` output: name (gfx arch), marketing name, compute units, chip id."""
-    agents = []
-    for block in re.split(r"\n\*{5,}\s*\n", text):
+    agents, blocks = [], [[]]
+    for line in text.splitlines():  # agents are separated by lines of five or more asterisks
+        if len(line.strip()) >= 5 and not line.strip().strip("*"):
+            blocks.append([])
+        else:
+            blocks[-1].append(line)
+    for block in blocks:
         fields = {}
-        for line in block.splitlines():
+        for line in block:
             key, sep, value = line.partition(":")
             if sep and key.strip() not in fields:
                 fields[key.strip()] = value.strip()
         if fields.get("Device Type") != "GPU":
             continue
-        chip = re.search(r"0x([0-9a-fA-F]+)", fields.get("Chip ID", ""))
+        chip_text = fields.get("Chip ID", "")
+        chip = chip_text[chip_text.find("0x") + 2:] if "0x" in chip_text else ""
+        chip = chip[:next((i for i, char in enumerate(chip) if char not in "0123456789abcdefABCDEF"), len(chip))]
         agents.append({
             "arch": fields.get("Name"),
             "marketing_name": fields.get("Marketing Name"),
             "compute_units": int(fields["Compute Unit"]) if fields.get("Compute Unit", "").isdigit() else None,
-            "chip_id": f"0x{chip.group(1).lower()}" if chip else None,
+            "chip_id": f"0x{chip.lower()}" if chip else None,
         })
     return agents
 
@@ -551,16 +719,27 @@ def editable_checkout(dist: dict) -> str | None:
     if metadata_dir.endswith(".egg-info"):
         return dist["location"] if os.path.isfile(os.path.join(dist["location"], "setup.py")) else None
     try:
-        direct_url = json.loads(_read_text(os.path.join(metadata_dir, "direct_url.json")))
+        direct_url = json_loads(_read_text(os.path.join(metadata_dir, "direct_url.json")))
     except (OSError, ValueError):
         return None
     url = direct_url.get("url", "") if isinstance(direct_url, dict) else ""
     if not (direct_url.get("dir_info") or {}).get("editable") or not url.startswith("file://"):
         return None
-    # Percent-decoded by hand: urllib.parse costs the probe more than the rest of this.
-    path = re.sub(rb"%([0-9A-Fa-f]{2})", lambda found: bytes([int(found.group(1), 16)]),
-                  url[len("file://"):].encode("utf-8"))
-    return os.path.normpath(path.decode("utf-8", errors="replace"))
+    return os.path.normpath(percent_decoded(url[len("file://"):]))
+
+
+def percent_decoded(text: str) -> str:
+    """A URL path with its ``%XX`` escapes decoded (UTF-8), others left as they are; by hand: urllib.parse costs the
+    probe more than the rest of a develop host's probe."""
+    pieces = text.encode("utf-8").split(b"%")
+    decoded = [pieces[0]]
+    for piece in pieces[1:]:
+        escape = piece[:2]
+        if len(escape) == 2 and all(byte in b"0123456789abcdefABCDEF" for byte in escape):
+            decoded.append(bytes([int(escape, 16)]) + piece[2:])
+        else:
+            decoded.append(b"%" + piece)
+    return b"".join(decoded).decode("utf-8", errors="replace")
 
 
 class GitError(Exception):
@@ -721,7 +900,7 @@ def read_backups(state_dir: str, errors: list[str]) -> dict:
         if not os.path.isfile(record):
             continue
         try:
-            state = json.loads(_read_text(record))
+            state = json_loads(_read_text(record))
         except (OSError, ValueError) as error:
             errors.append(f"{record}: unreadable patch record: {error}")
             continue
@@ -748,7 +927,7 @@ def read_state(state_dir: str, errors: list[str]) -> dict | None:
     if not os.path.isfile(state_file):
         return None
     try:
-        return json.loads(_read_text(state_file))
+        return json_loads(_read_text(state_file))
     except (OSError, ValueError) as error:
         errors.append(f"{state_file}: unreadable tool state: {error}")
         return None
@@ -824,13 +1003,13 @@ def main(argv: list[str]) -> int:
     if len(argv) not in (2, 3):
         print(f"usage: {argv[0]} '<json options>' [SUDO_REFUSAL]", file=sys.stderr)
         return 2
-    found = probe(json.loads(argv[1]))
+    found = probe(json_loads(argv[1]))
     # SUDO_REFUSAL: what sudo said when the login user asked it for root (operations/facts.py); this probe then
     # runs as that user, for the report, and the deploy fails the host before changing anything.
     # Its last line is the refusal; lines before it are warnings (an unresolvable host name, say).
     refusal = (argv[2].strip().splitlines() or [""])[-1][-300:] if len(argv) == 3 else None
     found["sudo_refused"] = {"user": pwd.getpwuid(os.geteuid()).pw_name, "error": refusal} if len(argv) == 3 else None
-    print(json.dumps(found, sort_keys=True))
+    print(json_dumps(found))
     return 0
 
 

@@ -116,7 +116,7 @@ def test_probe_command_passes_hostile_options_through_as_data(tmp_path: Path, ma
                             cwd=marker.parent)
     argv = json.loads(result.stdout)["argv"]
     assert argv[0] == "-c" and argv[2] == options["agent_dir"]
-    assert json.loads(argv[5]) == dict(options, record_check=[], known_contents=[], record_memo={})
+    assert json.loads(argv[4]) == dict(options, record_check=[], known_contents=[], record_memo={})
 
 
 def sha256(path: Path) -> str:

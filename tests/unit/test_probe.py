@@ -327,3 +327,116 @@ def test_run_program_captures_both_streams_and_kills_on_timeout() -> None:
         probe.run_program(["/bin/sh", "-c", "exec >&- 2>&-; sleep 5"], 0.3)
     with pytest.raises(OSError):
         probe.run_program(["/nonexistent/rocminfo"], 5)
+
+
+# --- the probe's own JSON, CSV and text parsing: what it does instead of importing json, csv and re ----------------
+
+# Imported by the json, csv and re modules and by functools (which pulls in collections): together about a quarter
+# of a provisioned host's probe (bench/README.md, "Session 5"). The probe must import none of them.
+MODULES_THE_PROBE_DOES_WITHOUT = {"json", "re", "csv", "enum", "functools", "collections"}
+
+
+def imported_modules(argv: list[str], env: dict[str, str]) -> set[str]:
+    """The modules a fresh interpreter imports to run ``argv``, from ``-X importtime``'s report on stderr."""
+    result = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True, text=True, env=env,
+                            check=True)
+    return {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_a_probe_of_a_provisioned_host_imports_no_json_csv_or_re(host_root: Path) -> None:
+    """(A patch target whose RECORD row is quoted, a path holding a comma, would import csv: no patch set has one.)"""
+    install_rocminfo(host_root / "rocm", FIXTURES / "rocminfo-2x-mi210.txt")
+    (host_root / "state/backups/vllm").mkdir(parents=True)
+    (host_root / "state/state.json").write_text(json.dumps({"kernels": {"digest": "abc", "hsa_root": "/x"}}))
+    (host_root / "state/backups/vllm/state.json").write_text(json.dumps({
+        "package": "vllm", "root": "/site", "jit_invalidations": [], "files": {}}))
+    env = dict(os.environ, PYTHONPATH=str(host_root / "site-packages"))
+    options = json.dumps({"target_python": sys.executable, "rocm_root": str(host_root / "rocm"),
+                          "state_dir": str(host_root / "state"), "kfd_topology": str(host_root / "kfd"),
+                          "patch_files": {"amd-aiter": ["aiter/jit/core.py"]}})
+    at_start = imported_modules(["-c", "pass"], env)
+    imported = imported_modules(["-c", PROBE_SCRIPT.read_text(), options], env)
+    assert "zlib" in imported and "hashlib" in imported, "the report lists the probe's own imports"
+    assert not (imported - at_start) & MODULES_THE_PROBE_DOES_WITHOUT, sorted(imported - at_start)
+    found = run_probe(host_root, patch_files={"amd-aiter": ["aiter/jit/core.py"]})
+    assert found["state"]["kernels"]["digest"] == "abc" and found["backups"]["vllm"]["root"] == "/site"
+    assert found["gpu"]["agents"][0]["chip_id"] == "0x740f" and found["rocm"]["version"] == "6.4.3"
+
+
+def random_json_value(rng, depth: int = 0):
+    alphabet = ['a', 'Z', '"', '\\', '/', '\n', '\t', '\x00', '\x1f', '\x7f', 'é', '€', '\U0001F600', '\udcff', ' ',
+                ',', ':', '{', ']', 'u', '0']
+
+    def text(size: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(size)))
+
+    kind = rng.randrange(7 if depth < 4 else 5)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.randint(-10**20, 10**20)
+    if kind == 2:
+        return rng.choice([0.0, -1.5, 1e300, 1e-300, 1 / 3, 2.0**60, rng.random()])
+    if kind in (3, 4):
+        return text(12)
+    if kind == 5:
+        return {text(6): random_json_value(rng, depth + 1) for _ in range(rng.randrange(5))}
+    return [random_json_value(rng, depth + 1) for _ in range(rng.randrange(5))]
+
+
+def test_probe_json_matches_the_json_module_both_ways() -> None:
+    import random
+    rng = random.Random(20261201)
+    for _ in range(3000):
+        value = random_json_value(rng)
+        written = probe.json_dumps(value)
+        assert written == json.dumps(value, sort_keys=True, separators=(",", ":")), value
+        for text in (written, json.dumps(value, indent=1), json.dumps(value, ensure_ascii=False)):
+            assert probe.json_loads(text) == json.loads(text), text
+    assert probe.json_dumps(("a", 1)) == '["a",1]'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{truncated", "expected a name at character 1"), ("", "ends inside a value"), ("[1,", "ends inside a value"),
+    ('{"a" 1}', "expected ':' at character 5"), ('"abc', "unterminated string from character 0"),
+    ("[1 2]", "expected ',' or ']' at character 3"), ("tru", "unexpected 't'"), ("{}x", "extra data at character 2"),
+    ('"a\\qb"', "unknown escape \\q"), ("-", "not JSON"),
+])
+def test_probe_json_refuses_what_is_not_json(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match="not JSON") as raised:
+        probe.json_loads(text)
+    assert message in str(raised.value)
+    with pytest.raises(ValueError):
+        json.loads(text)
+
+
+def test_probe_json_writes_only_what_json_can() -> None:
+    for value in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="no JSON form"):
+            probe.json_dumps({"cpu_s": value})
+    with pytest.raises(TypeError, match="set has no JSON form"):
+        probe.json_dumps({"paths": {"a"}})
+
+
+def test_hand_parsers_agree_with_the_regular_expressions_they_replace() -> None:
+    import re
+    names = ["amd_aiter", "amd-aiter", "AMD.Aiter", "a__b--c..d", "a-_.b", "_x_", "Triton", "rocm_sdk_core", ""]
+    for name in names:
+        assert probe.canonical_name(name) == re.sub(r"[-_.]+", "-", name).lower(), name
+    for text in ["6.4.3-113", "7.14.0", " 6.4", "6", "6.", "6.4.", "6.4.3.2", "x6.4", "6.4rc1", "", "10.0.1-5\n"]:
+        match = re.match(r"\s*(\d+\.\d+(?:\.\d+)?)", text)
+        assert probe.parse_rocm_version(text) == (match.group(1) if match else None), text
+    for url_path in ["/src/aiter", "/src/a%20b", "/src/%E2%82%AC", "/src/100%", "/src/%zz", "/src/%4", "%41%42"]:
+        expected = re.sub(rb"%([0-9A-Fa-f]{2})", lambda found: bytes([int(found.group(1), 16)]),
+                          url_path.encode()).decode("utf-8", errors="replace")
+        assert probe.percent_decoded(url_path) == expected, url_path
+
+
+def test_rocminfo_blocks_are_split_on_asterisk_lines_only() -> None:
+    listing = (FIXTURES / "rocminfo-2x-mi210.txt").read_text()
+    agents = probe.parse_rocminfo(listing)
+    assert [agent["arch"] for agent in agents] == ["gfx90a", "gfx90a"]
+    # Four asterisks are no separator: the two agents stay one block, whose first fields win.
+    assert len(probe.parse_rocminfo(listing.replace("*******", "****"))) <= 1
+    assert probe.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711(0x740F)\n")[0]["chip_id"] == "0x740f"
+    assert probe.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711\n")[0]["chip_id"] is None
