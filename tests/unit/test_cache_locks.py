@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fcntl
 import io
-import multiprocessing
 import os
 import signal
 import time
@@ -14,45 +13,25 @@ import zipfile
 from pathlib import Path
 
 from cdna2.cache import cache_lock
+from tests.unit.racing import SPAWN, append_line, race
 
-SPAWN = multiprocessing.get_context("spawn")
 HELD_SECONDS = 0.3
 DEMO_WHEEL = "demo-1.0-py3-none-any.whl"
-DEMO_MODULE = b"VALUE = 1\n" * 20000  # large enough that half of the archive is not a zip
-
-
-def _append(log: Path, line: str) -> None:
-    with open(log, "a") as stream:  # O_APPEND: whole lines from several processes
-        stream.write(line + "\n")
+DEMO_MODULE = b"VALUE = 1\n" * 1000
 
 
 def _hold_the_lock(root: str, log: str, barrier) -> None:
     barrier.wait()
     with cache_lock("entry", Path(root)):
-        _append(Path(log), f"in {os.getpid()}")
+        append_line(Path(log), f"in {os.getpid()}")
         time.sleep(HELD_SECONDS)
-        _append(Path(log), f"out {os.getpid()}")
-
-
-def _race(target, *args, while_running=lambda: None) -> None:
-    """Run ``target(*args, barrier)`` in two processes that pass the barrier together; ``while_running`` is
-    called over and over until both have ended."""
-    barrier = SPAWN.Barrier(2)
-    racers = [SPAWN.Process(target=target, args=(*args, barrier)) for _ in range(2)]
-    for racer in racers:
-        racer.start()
-    while any(racer.is_alive() for racer in racers):
-        while_running()
-        time.sleep(0.01)
-    for racer in racers:
-        racer.join()
-        assert racer.exitcode == 0, f"a racing process failed (exit {racer.exitcode})"
+        append_line(Path(log), f"out {os.getpid()}")
 
 
 def test_the_cache_lock_lets_one_process_in_at_a_time(tmp_path):
     log = tmp_path / "log"
     started = time.monotonic()
-    _race(_hold_the_lock, str(tmp_path), str(log))
+    race(_hold_the_lock, str(tmp_path), str(log))
     lines = log.read_text().splitlines()
     first, second = lines[0].split()[1], lines[2].split()[1]
     assert first != second
@@ -87,7 +66,7 @@ def _demo_wheel_bytes() -> bytes:
 def _slow_pip_download(calls: Path, *args: str) -> None:
     """Stands in for ``pip download`` (no registry call in a unit test): writes the wheel into the download
     directory in place and slowly, as pip's copy does, so a reader could meet half of it."""
-    _append(calls, " ".join(args))
+    append_line(calls, " ".join(args))
     data = _demo_wheel_bytes()
     with open(Path(args[args.index("-d") + 1]) / DEMO_WHEEL, "wb") as stream:
         stream.write(data[:len(data) // 2])
@@ -102,7 +81,7 @@ def _fetch_the_demo_wheel(cache: str, calls: str, results: str, barrier) -> None
 
     wheelhouse._pip = lambda *args: _slow_pip_download(Path(calls), *args)
     barrier.wait()
-    _append(Path(results), str(wheelhouse.wheel("demo==1.0")))
+    append_line(Path(results), str(wheelhouse.wheel("demo==1.0")))
 
 
 def test_two_processes_fetching_one_wheel_download_it_once_and_no_reader_sees_half(tmp_path):
@@ -113,7 +92,7 @@ def test_two_processes_fetching_one_wheel_download_it_once_and_no_reader_sees_ha
             with zipfile.ZipFile(found) as archive:  # BadZipFile on half a wheel
                 assert archive.read("demo.py") == DEMO_MODULE
 
-    _race(_fetch_the_demo_wheel, str(cache), str(calls), str(results), while_running=read_the_wheels)
+    race(_fetch_the_demo_wheel, str(cache), str(calls), str(results), while_running=read_the_wheels)
     wheel = cache / "wheels" / DEMO_WHEEL
     assert results.read_text().splitlines() == [str(wheel), str(wheel)]
     assert len(calls.read_text().splitlines()) == 1, "the second process waited and took the first one's wheel"
