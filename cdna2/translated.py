@@ -25,6 +25,7 @@ from typing import Callable
 import yaml
 
 from cdna2.archive import tree_archive
+from cdna2.cache import cache_lock
 from cdna2.host.kernels import safe_extract
 from cdna2.host.probe import file_sha256, git_hash_field, record_hash, tree_digest
 from cdna2.kernels import Policy, cache_key, find_llvm
@@ -114,6 +115,13 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None], check
     source = cache / "sources" / digest / "gfx942"
     if source.is_dir():
         return source
+    with cache_lock(f"kernel-source-{digest[:32]}", cache):  # another controller may be fetching the same tree
+        if not source.is_dir():
+            _fetch_source(cache, digest, fetch, checkout, source)
+    return source
+
+
+def _fetch_source(cache: Path, digest: str, fetch: Callable[[Path], None], checkout: str | None, source: Path) -> None:
     staging = cache / "sources" / f".{digest}.staging"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -135,7 +143,6 @@ def ensure_source(cache: Path, digest: str, fetch: Callable[[Path], None], check
         (staging / "gfx942").rename(source)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return source
 
 
 def _memo_key(source_digest: str, policy: Policy) -> str:
@@ -151,8 +158,15 @@ def ensure_translation(cache: Path, source_digest: str, source: Path, policy: Po
     output digest.
 
     The result is remembered per source digest and policy with everything it depends on, so a run that finds it
-    needs no translator process at all.
+    needs no translator process at all. Another controller translating the same tree is waited for: both would
+    write the same directory.
     """
+    with cache_lock(f"kernel-translation-{source_digest[:32]}-{policy.label}", cache):
+        return _translation(cache, source_digest, source, policy, progress)
+
+
+def _translation(cache: Path, source_digest: str, source: Path, policy: Policy,
+                 progress: Callable[[str], None]) -> TranslatedTree:
     out_dir = cache / "translated" / source_digest / policy.label
     out_dir.mkdir(parents=True, exist_ok=True)
     memo_path, report_path = out_dir / "tree.json", out_dir / "report.json"  # report.json: the engine's report

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdna2.cache import cache_root
+from cdna2.cache import cache_lock, cache_root
 from lab.kinds import LAB_NET
 
 DOCKERD = "/usr/sbin/dockerd"
@@ -35,7 +35,7 @@ class EngineUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Engine:
-    root: Path  # D: data/, exec/, docker.sock, docker.pid, dockerd.log
+    root: Path  # D: data/, exec/, docker.sock, docker.pid, dockerd.log, locks/
 
     @classmethod
     def default(cls) -> Engine:
@@ -82,6 +82,12 @@ class Engine:
         if missing:
             raise EngineUnavailable(f"no container engine: {', '.join(missing)} not found (bin/setup installs "
                                     f"Debian's docker.io)")
+        # A second process starting it at the same time would remove the first daemon's socket and start one that
+        # cannot take the data directory; it waits here and finds the first one running.
+        with cache_lock("dockerd-start", self.root):
+            return self._start(timeout)
+
+    def _start(self, timeout: float) -> bool:
         if self.pid() is not None and self.responds():
             return False
         self.root.mkdir(parents=True, exist_ok=True)

@@ -7,14 +7,13 @@ fetched from the registry once per machine, never once per host or per test. The
 
 from __future__ import annotations
 
-import fcntl
+import os
 import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
-from cdna2.cache import cache_root
+from cdna2.cache import cache_lock, cache_root
 
 # The real packages the project works against (DEVELOPERS.md, "What is real here").
 AITER = "amd-aiter==0.1.7.post2.dev18"
@@ -23,16 +22,6 @@ TRITON_PINNED = "triton==3.7.1"
 # CPU torch for the smoke tests' AITER and device test doubles (no ROCm torch exists here); in this machine's pip
 # find-links, with its dependencies from the index.
 TORCH_CPU = "torch==2.13.0+cpu"
-
-
-@contextmanager
-def cache_lock(name: str):
-    """Serialise work on one part of the cache between concurrent processes (parallel tests, lab up, benches)."""
-    lock_dir = cache_root() / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"{name}.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        yield
 
 
 def _pip(*args: str) -> None:
@@ -44,6 +33,25 @@ def _pip(*args: str) -> None:
 
 def _dist_name(requirement: str) -> str:
     return requirement.split("==")[0].replace("-", "_").lower()
+
+
+def _download(wheels_dir: Path, *arguments: str) -> None:
+    """``pip download`` into ``wheels_dir`` such that each new wheel appears there whole, in one rename: pip copies
+    a file into its download directory in place, where a reader outside the lock (``pip install --find-links``)
+    could take half a wheel, and a killed download would leave one. pip works in a staging directory holding hard
+    links to the wheels already here, which it skips as already downloaded."""
+    staging = wheels_dir.with_name(f".wheels-download-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        for cached in wheels_dir.glob("*.whl"):
+            os.link(cached, staging / cached.name)
+        _pip("download", "--only-binary=:all:", "-d", str(staging), *arguments)
+        for downloaded in staging.glob("*.whl"):
+            if not (wheels_dir / downloaded.name).exists():
+                downloaded.rename(wheels_dir / downloaded.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def wheel(requirement: str, *, with_deps: bool = False) -> Path:
@@ -62,8 +70,7 @@ def wheel(requirement: str, *, with_deps: bool = False) -> Path:
         deps_marker = wheels_dir / f".deps-{_dist_name(name)}-{version}"
         if not found or (with_deps and not deps_marker.exists()):
             print(f"wheelhouse: downloading {requirement}{' with dependencies' if with_deps else ''}", file=sys.stderr)
-            _pip("download", "--only-binary=:all:", "-d", str(wheels_dir), requirement,
-                 *([] if with_deps else ["--no-deps"]))
+            _download(wheels_dir, requirement, *([] if with_deps else ["--no-deps"]))
             if with_deps:
                 deps_marker.touch()
             found = sorted(p for p in wheels_dir.glob("*.whl") if p.name.lower().startswith(prefix))

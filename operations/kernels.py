@@ -18,7 +18,9 @@ from operations.agent import agent_command, lease_command
 from operations.report import record_failure
 
 # One translation per source digest and kernel policy per run, however many hosts share it: deploy.py runs once
-# per host, in parallel greenlets, and the first host with a given tree does the work while the others wait.
+# per host, in parallel greenlets, and the first host with a given tree does the work while the others wait. These
+# locks are keyed as cdna2.translated's cache locks, which wait for other processes: a second greenlet must never
+# ask this process's flock for a key the first one holds.
 _translation_locks: dict[tuple[str, object], threading.Lock] = {}
 _translations: dict[tuple[str, Policy], TranslatedTree] = {}
 

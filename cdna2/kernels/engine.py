@@ -622,7 +622,13 @@ def _from_cache(entry: Path, dst: Path, report_base: dict, progress: Progress) -
     report = json.loads((entry / "report.json").read_text())
     if tree_digest(entry / "tree") != report["output_digest"]:
         progress(f"cache entry {entry} does not match its recorded digest; translating again")
-        shutil.rmtree(entry)
+        # Renamed away first, so another process finding it corrupt too, or storing a good one, never meets half.
+        discarded = entry.with_name(f"{entry.name}.corrupt.{os.getpid()}")
+        try:
+            entry.rename(discarded)
+        except FileNotFoundError:
+            pass  # another process removed it already
+        shutil.rmtree(discarded, ignore_errors=True)
         report_base["cache"]["status"] = "miss: corrupt entry replaced"
         return None
     staging = _staging_for(dst)

@@ -30,7 +30,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdna2.cache import cache_root
+from cdna2.cache import cache_lock, cache_root
 from cdna2.host import txn
 from cdna2.host.probe import checkout_path, record_hash
 from cdna2.patches.catalog import Catalog
@@ -101,8 +101,6 @@ def _write_dist_info(root: Path, name: str, version: str, files: list[str]) -> N
 
 def _cached(name: str, build) -> Path:
     """``build(staging)`` once into ``$CDNA2_CACHE/release-trees/<name>``; a finished tree is never rebuilt."""
-    from lab.wheelhouse import cache_lock
-
     tree = cache_root() / "release-trees" / name
     with cache_lock("release-trees"):
         if not (tree / ".complete").exists():

@@ -17,6 +17,7 @@ import pytest
 from cdna2.cache import cache_root, code_digest
 from cdna2.host import elf
 from cdna2.host.probe import tree_digest
+from cdna2.host.state import write_file_atomically
 from cdna2.kernels import isa, reassemble
 from lab import wheelhouse
 from tests.unit.kernels.conftest import aiter_git_tree
@@ -86,8 +87,7 @@ def assert_tree_round_trips(root: Path, tools, tmp_path: Path, expected_kernels:
                     for o in batch]
     failures = [f"{relpath}: {error}" for relpath, error in outcomes if error]
     assert not failures, f"{len(failures)} of {len(relpaths)} kernels do not round-trip:\n" + "\n".join(failures[:20])
-    verdict.parent.mkdir(parents=True, exist_ok=True)
-    verdict.write_text(json.dumps({"kernels": len(outcomes), "identical": len(outcomes)}))
+    write_file_atomically(verdict, json.dumps({"kernels": len(outcomes), "identical": len(outcomes)}).encode())
 
 
 @pytest.mark.slow
