@@ -196,6 +196,7 @@ class Analysis:
         self.files: dict[str, tuple[str, object]] = {}  # relpath -> ("ok", gid array) | ("error"/"skipped", why)
         self.chunks: list[bytes] = []  # gid -> distinct instruction bytes
         self.texts: list[str | None] = []  # gid -> gfx942 text (None: LLVM does not decode it)
+        self.gfx90a_texts: list[str | None] = []  # gid -> its gfx90a spelling (isa.rename of the text), once judged
         self.reasons: dict[int, str] = {}  # gid -> why it blocks
         self.blocking: set[int] = set()  # the keys of reasons, once judged
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
@@ -205,10 +206,17 @@ class Analysis:
         self.audits: dict[str, dict] = {}  # relpath of a portable kernel -> its hazard audit (KernelAudit.to_json)
         self.shortfalls: dict[str, dict[int, int]] = {}  # relpath of a short kernel -> KernelAudit.shortfalls
         self.durations: dict[str, float] = {}
+        self._blocking_ids: dict[str, set[int]] = {}
+
+    def blocking_ids(self, relpath: str) -> set[int]:
+        """The ids of the kernel's blocking instructions, once judged (asked for several times per kernel)."""
+        if relpath not in self._blocking_ids:
+            # intersection() walks the file's ids in C; a Python loop over ~2M ids costs a noticeable part of a run.
+            self._blocking_ids[relpath] = self.blocking.intersection(self.files[relpath][1])
+        return self._blocking_ids[relpath]
 
     def blockers(self, relpath: str) -> list[int]:
-        # intersection() walks the file's ids in C; a Python loop over ~2M ids costs a noticeable part of a run.
-        return sorted(self.blocking.intersection(self.files[relpath][1]), key=lambda g: self.texts[g] or "")
+        return sorted(self.blocking_ids(relpath), key=lambda g: self.texts[g] or "")
 
     def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[bytes, str, str]]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
@@ -217,17 +225,17 @@ class Analysis:
     def moves_for(self, relpaths: list[str]) -> tuple[dict[bytes, Expected], dict[bytes, tuple[Expected, Expected]]]:
         """What kernels whose code moves need: each instruction's gfx90a text and bytes, and the splits."""
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        expected = {self.chunks[g]: Expected(isa.rename(self.texts[g]), self.expected[g][0])
+        expected = {self.chunks[g]: Expected(self.gfx90a_texts[g], self.expected[g][0])
                     for g in gids if g in self.expected}
         return expected, {self.chunks[g]: self.halves[g] for g in gids if g in self.halves}
 
     def split_unlocks(self, relpath: str) -> bool:
         """Every blocker of the kernel is an int8 K=32 MFMA the split rule handles."""
-        blockers = self.blocking.intersection(self.files[relpath][1])
+        blockers = self.blocking_ids(relpath)
         return bool(blockers) and blockers <= self.splittable
 
     def portable(self) -> list[str]:
-        return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blockers(relpath)]
+        return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blocking_ids(relpath)]
 
     def add_audits(self, batch: list[tuple[str, dict, dict[int, int]]]) -> None:
         """What hazards.audit_batch found."""
@@ -238,7 +246,7 @@ class Analysis:
 
     def gfx90a_texts_for(self, relpaths: list[str]) -> dict[bytes, str]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        return {self.chunks[gid]: isa.rename(self.texts[gid]) for gid in gids}
+        return {self.chunks[gid]: self.gfx90a_texts[gid] for gid in gids}
 
 
 def _balanced(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
@@ -305,7 +313,7 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
 
 
 def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress, decode_splits: bool) -> None:
-    targets = [isa.rename(text) if text is not None else None for text in analysis.texts]
+    targets = analysis.gfx90a_texts = [isa.rename(text) if text is not None else None for text in analysis.texts]
     gfx90a_texts = sorted({target for target in targets if target is not None})
     progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a")
     assembled = dict(zip(gfx90a_texts, llvm.assemble(tools, gfx90a_texts, "gfx90a", jobs)))
