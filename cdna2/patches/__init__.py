@@ -6,8 +6,8 @@ hashes a host reported, what to write there. The host side (``cdna2.host.txn``, 
 
 from cdna2.host.probe import record_hash
 from cdna2.patches.catalog import Catalog, PatchDataError, PatchSet, Site, Variant, load_catalog
-from cdna2.patches.planner import (FileChange, PackagePlan, SiteState, plan_package, plan_package_once,
-                                   sha256_hex)
+from cdna2.patches.plan_memo import plan_package_once
+from cdna2.patches.planner import FileChange, PackagePlan, SiteState, plan_package, sha256_hex
 
 __all__ = ["Catalog", "FileChange", "PackagePlan", "PatchDataError", "PatchSet", "Site", "SiteState", "Variant",
            "load_catalog", "plan_package", "plan_package_once", "record_hash", "sha256_hex"]

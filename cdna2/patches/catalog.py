@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ class PatchSet:
 @dataclass(frozen=True)
 class Catalog:
     sets: tuple[PatchSet, ...]
+    digest: str = ""  # of the schema and YAML bytes it was loaded from ("": built in code), for cdna2.patches.plan_memo
 
     def set_names(self) -> list[str]:
         return [patch_set.name for patch_set in self.sets]
@@ -183,7 +185,9 @@ def load_catalog(directory: Path | None = None) -> Catalog:
     if not sources:
         raise PatchDataError(f"{directory}: no *.yaml patch sets found")
     sets = []
+    digest = hashlib.sha256(SCHEMA_PATH.read_bytes())
     for source in sources:
+        digest.update(b"\0" + source.name.encode("utf-8") + b"\0" + source.read_bytes())
         try:
             document = yaml.safe_load(source.read_text(encoding="utf-8"))
         except yaml.YAMLError as error:
@@ -193,4 +197,4 @@ def load_catalog(directory: Path | None = None) -> Catalog:
             raise PatchDataError(f"{source}: {violation}")
         sets.append(_patch_set(document, source))
     _check_references(sets)
-    return Catalog(sets=tuple(sets))
+    return Catalog(sets=tuple(sets), digest=digest.hexdigest())

@@ -8,7 +8,6 @@ mismatching site refuses every set of that package on that host.
 
 from __future__ import annotations
 
-import copy
 import difflib
 import hashlib
 import itertools
@@ -407,25 +406,3 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
     plan.reasons.extend(f"{reason} (declined; the other sets apply)" for reason in plan.declined.values())
     plan.audit = audit({**texts, **{change.path: change.new_bytes.decode("utf-8") for change in plan.changes}})
     return plan
-
-
-# Plans made in this process, by their inputs: (id(catalog), ...) -> (catalog, plan). The catalog is held so that
-# its id is not reused by another while the entry lives.
-_plans: dict[tuple, tuple[Catalog, PackagePlan]] = {}
-
-
-def plan_package_once(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
-                      record: Mapping[str, str], enabled_optional: Collection[str],
-                      checkout: str | None = None) -> PackagePlan:
-    """``plan_package``, made once per distinct input in this process; each call gets its own copy of the plan.
-
-    The hosts of a cluster mostly hold the same files, and a plan (code matching by tokenize, the audit) costs
-    about 0.1 CPU-s per package: the deploy and verify plan each host's packages through here.
-    """
-    key = (id(catalog), package, installed_version,
-           tuple(sorted((path, None if data is None else sha256_hex(data)) for path, data in files.items())),
-           tuple(sorted(record.items())), tuple(sorted(enabled_optional)), checkout)
-    if key not in _plans:
-        _plans[key] = catalog, plan_package(catalog, package, installed_version, files, record, enabled_optional,
-                                            checkout)
-    return copy.deepcopy(_plans[key][1])

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
+import json
 import py_compile
+
+import pytest
 
 from cdna2.host import txn
 from cdna2.patches import plan_package, record_hash
@@ -121,21 +125,72 @@ def test_vllm_033_ck_int8_gemm_takes_the_reshaped_gate_variant(catalog, tmp_path
     assert "        or is_aiter_attention_supported()\n" in ops
 
 
-def test_identical_hosts_are_planned_once_and_each_gets_its_own_copy(catalog, tmp_path, monkeypatch):
-    from cdna2.patches import planner
-    from tests.unit.patches.conftest import copy_real_subset
+@pytest.fixture
+def counted_plans(monkeypatch, tmp_path) -> list:
+    """plan_memo with an empty memo in this process and its own empty cache directory; the plans it makes."""
+    from cdna2.patches import plan_memo
 
     made = []
-    monkeypatch.setattr(planner, "_plans", {})
-    monkeypatch.setattr(planner, "plan_package", lambda *args: made.append(args) or plan_package(*args))
+    monkeypatch.setattr(plan_memo, "cache_root", lambda: tmp_path / "controller-cache")  # the wheels' stays
+    monkeypatch.setattr(plan_memo, "_plans", {})
+    monkeypatch.setattr(plan_memo, "plan_package", lambda *args: made.append(args) or plan_package(*args))
+    return made
+
+
+def test_identical_hosts_are_planned_once_and_each_gets_its_own_copy(catalog, tmp_path, counted_plans):
+    from cdna2.patches.plan_memo import plan_package_once
+    from tests.unit.patches.conftest import copy_real_subset
+
     inputs = [probe(copy_real_subset(catalog, "vllm==0.23.0", "vllm", tmp_path / host), catalog, "vllm")
               for host in ("host-a", "host-b")]
-    first, second = (planner.plan_package_once(catalog, "vllm", version, files, record, [])
+    first, second = (plan_package_once(catalog, "vllm", version, files, record, [])
                      for version, files, record in inputs)
-    assert len(made) == 1 and first == second and first is not second
+    assert len(counted_plans) == 1 and first == second and first is not second
     first.changes.clear()  # a caller's copy is its own
     version, files, record = inputs[1]
-    assert planner.plan_package_once(catalog, "vllm", version, files, record, []).changes
+    assert plan_package_once(catalog, "vllm", version, files, record, []).changes
     edited = dict(files, **{path: data + b"\n# edited\n" for path, data in files.items() if path.endswith("rocm.py")})
-    planner.plan_package_once(catalog, "vllm", version, edited, record, [])
-    assert len(made) == 2, "a host whose files differ is planned anew"
+    plan_package_once(catalog, "vllm", version, edited, record, [])
+    assert len(counted_plans) == 2, "a host whose files differ is planned anew"
+
+
+def test_a_plan_that_writes_nothing_is_read_back_by_the_next_run_and_only_for_the_same_inputs(
+        catalog, tmp_path, monkeypatch, counted_plans):
+    from cdna2.patches import plan_memo
+    from tests.unit.patches.conftest import copy_real_subset
+
+    version, files, record = probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog,
+                                   "vllm")
+    applied = plan_memo.plan_package_once(catalog, "vllm", version, files, record, [])
+    assert applied.status == "apply" and not list((tmp_path / "controller-cache").rglob("*.json")), \
+        "a plan that writes files is not kept: it carries their new bytes"
+    patched = dict(files, **{change.path: change.new_bytes for change in applied.changes})
+    first = plan_memo.plan_package_once(catalog, "vllm", version, patched, record, [])
+    assert first.status == "patched" and len(counted_plans) == 2
+    [stored] = (tmp_path / "controller-cache" / "patch-plans").glob("*.json")
+
+    monkeypatch.setattr(plan_memo, "_plans", {})  # the next controller run
+    again = plan_memo.plan_package_once(catalog, "vllm", version, patched, record, [])
+    assert again == first and len(counted_plans) == 2, "read back, not planned"
+    for changed in ({"catalog": dataclasses.replace(catalog, digest="other")}, {"optional": ["vllm-ck-int8-gemm"]},
+                    {"record": dict(record, **{"vllm/platforms/rocm.py": "sha256=other"})}):
+        monkeypatch.setattr(plan_memo, "_plans", {})
+        plan_memo.plan_package_once(changed.get("catalog", catalog), "vllm", version, patched,
+                                    changed.get("record", record), changed.get("optional", []))
+    assert len(counted_plans) == 5, "another catalog, optional set or RECORD is planned anew"
+
+    stored.write_text("{truncated")
+    monkeypatch.setattr(plan_memo, "_plans", {})
+    assert plan_memo.plan_package_once(catalog, "vllm", version, patched, record, []) == first
+    assert len(counted_plans) == 6 and json.loads(stored.read_text())["status"] == "patched", \
+        "an unreadable entry is planned again and written anew"
+
+
+def test_a_catalog_built_in_code_keeps_no_plan_on_disk(catalog, tmp_path, counted_plans):
+    from cdna2.patches import plan_memo
+    from tests.unit.patches.conftest import copy_real_subset
+
+    version, files, record = probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog,
+                                   "vllm")
+    plan_memo.plan_package_once(dataclasses.replace(catalog, digest=""), "vllm", version, files, record, [])
+    assert not (tmp_path / "controller-cache" / "patch-plans").exists()

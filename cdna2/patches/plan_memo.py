@@ -1,0 +1,80 @@
+"""Patch plans remembered by their inputs: within one controller run, and from one run to the next.
+
+A plan (code matching by tokenize, the audit) costs about 0.3 CPU-s per package and version; the hosts of a cluster
+mostly hold the same files, and a no-op re-run holds the same files as the last run. ``plan_package_once`` plans
+each distinct input once per process, and keeps the plans that write nothing (``patched``, ``refused``,
+``no-set``: every re-run's) in ``$CDNA2_CACHE/patch-plans/``, keyed by everything a plan depends on: the catalog's
+bytes, the planner's code, the package, its version, the hash of every target file, the RECORD (or git) hashes,
+the optional sets and the checkout. A lost or unreadable entry costs one plan, never a wrong one. Plans that
+write something are not kept: they carry the new bytes, and the next run finds the files patched.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+
+from cdna2.cache import cache_root, code_digest
+from cdna2.host import probe
+from cdna2.host.state import write_file_atomically
+from cdna2.patches import audit, catalog as catalog_module, matching, planner
+from cdna2.patches.catalog import Catalog
+from cdna2.patches.planner import PackagePlan, SiteState, plan_package, sha256_hex
+
+PLAN_MEMO_FORMAT = 1
+
+# Plans made or read in this process, by their inputs: (id(catalog), ...) -> (catalog, plan). The catalog is held
+# so that its id is not reused by another while the entry lives.
+_plans: dict[tuple, tuple[Catalog, PackagePlan]] = {}
+
+
+@cache
+def _planner_code() -> str:
+    return code_digest((planner, matching, audit, catalog_module, probe))
+
+
+def _stored_path(catalog: Catalog, inputs: tuple) -> Path | None:
+    """Where the plan for ``inputs`` is kept; None for a catalog not loaded from files (it has no digest)."""
+    if not catalog.digest:
+        return None
+    key = json.dumps([PLAN_MEMO_FORMAT, catalog.digest, _planner_code(), *inputs])
+    return cache_root() / "patch-plans" / f"{hashlib.sha256(key.encode('utf-8')).hexdigest()}.json"
+
+
+def _read(path: Path) -> PackagePlan | None:
+    try:
+        fields = json.loads(path.read_text(encoding="utf-8"))
+        return PackagePlan(**{**fields, "sites": [SiteState(**site) for site in fields["sites"]]})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _store(path: Path, plan: PackagePlan) -> None:
+    write_file_atomically(path, json.dumps(asdict(plan), sort_keys=True).encode("utf-8"))
+
+
+def plan_package_once(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
+                      record: Mapping[str, str], enabled_optional: Collection[str],
+                      checkout: str | None = None) -> PackagePlan:
+    """``plan_package``, made once per distinct input (see the module's docstring); each call gets its own copy.
+
+    The deploy and verify plan each host's packages through here.
+    """
+    inputs = (package, installed_version,
+              sorted((path, None if data is None else sha256_hex(data)) for path, data in files.items()),
+              sorted(record.items()), sorted(enabled_optional), checkout)
+    key = (id(catalog), json.dumps(inputs))
+    if key not in _plans:
+        path = _stored_path(catalog, inputs)
+        plan = _read(path) if path and path.is_file() else None
+        if plan is None:
+            plan = plan_package(catalog, package, installed_version, files, record, enabled_optional, checkout)
+            if path and not plan.changes:
+                _store(path, plan)
+        _plans[key] = catalog, plan
+    return copy.deepcopy(_plans[key][1])
