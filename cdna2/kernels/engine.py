@@ -207,6 +207,7 @@ class Analysis:
         self.shortfalls: dict[str, dict[int, int]] = {}  # relpath of a short kernel -> KernelAudit.shortfalls
         self.durations: dict[str, float] = {}
         self._blocking_ids: dict[str, set[int]] = {}
+        self._blocker_rank: dict[int, int] | None = None
 
     def blocking_ids(self, relpath: str) -> set[int]:
         """The ids of the kernel's blocking instructions, once judged (asked for several times per kernel)."""
@@ -216,7 +217,12 @@ class Analysis:
         return self._blocking_ids[relpath]
 
     def blockers(self, relpath: str) -> list[int]:
-        return sorted(self.blocking_ids(relpath), key=lambda g: self.texts[g] or "")
+        """The kernel's blocking ids in the order of their texts (every blocker ranked once: 1,100 kernels hold
+        460,000 blockers between them)."""
+        if self._blocker_rank is None:
+            by_text = sorted(self.blocking, key=lambda g: self.texts[g] or "")
+            self._blocker_rank = {gid: rank for rank, gid in enumerate(by_text)}
+        return sorted(self.blocking_ids(relpath), key=self._blocker_rank.__getitem__)
 
     def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[bytes, str, str]]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))

@@ -85,23 +85,26 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
         return f"the listing has more instructions than planned, from {extra.strip()!r}"
     mapped.append(new_text.size)
     old_instructions = isa.split_instructions(original[old_text.offset:old_text.offset + old_text.size])
-    old_branches = [found for found in map(isa.branch_of, old_instructions) if found is not None]
+    branch_of = {chunk: isa.branch_of(chunk) for chunk in set(old_instructions)}
+    old_branches = [found for found in map(branch_of.__getitem__, old_instructions) if found is not None]
     for (address, mnemonic, offset, target), (old_mnemonic, _) in zip(branches, old_branches):
         if mnemonic != old_mnemonic:
             return f"{address:#x}: branch {mnemonic} stands for {old_mnemonic}"
         if address + 4 + 4 * offset - new_text.address != mapped[target]:
             return (f"{address:#x}: {mnemonic} lands on .text+{address + 4 + 4 * offset - new_text.address:#x}, "
                     f"its original target is now at .text+{mapped[target]:#x}")
-    return (_check_symbols(original, new, old_table, new_table, old_text, new_text, mapped)
+    return (_check_symbols(original, new, old_table, new_table, old_text, new_text, isa.offsets(old_instructions),
+                           mapped)
             or _check_descriptor(original, new, old_table, new_table)
             or _check_note(original, new, old_table, new_table))
 
 
-def _check_symbols(original: bytes, new: bytes, old_table, new_table, old_text, new_text, mapped) -> str | None:
+def _check_symbols(original: bytes, new: bytes, old_table, new_table, old_text, new_text, starts: list[int],
+                   mapped: list[int]) -> str | None:
+    """`starts`: the .text offsets of the original's instructions (isa.offsets); `mapped`: where each now starts."""
     old_symbols, new_symbols = elf.symbols(original, old_table), elf.symbols(new, new_table)
     if [s.name for s in old_symbols] != [s.name for s in new_symbols]:
         return "the symbol table names other symbols, or in another order, than the original's"
-    starts = isa.offsets(isa.split_instructions(original[old_text.offset:old_text.offset + old_text.size]))
     index_of = {start: i for i, start in enumerate(starts)}
     text_index = old_table.index(old_text)
     for old, now in zip(old_symbols, new_symbols):
