@@ -231,7 +231,7 @@ class Analysis:
     def moves_for(self, relpaths: list[str]) -> tuple[dict[bytes, Expected], dict[bytes, tuple[Expected, Expected]]]:
         """What kernels whose code moves need: each instruction's gfx90a text and bytes, and the splits."""
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        expected = {self.chunks[g]: Expected(self.gfx90a_texts[g], self.expected[g][0])
+        expected = {self.chunks[g]: Expected.with_line(self.gfx90a_texts[g], *self.expected[g])
                     for g in gids if g in self.expected}
         return expected, {self.chunks[g]: self.halves[g] for g in gids if g in self.halves}
 
