@@ -205,6 +205,8 @@ def json_dumps(value) -> str:
             raise ValueError(f"{value} has no JSON form")
         return repr(value)
     if isinstance(value, dict):
+        if not all(isinstance(key, str) for key in value):
+            raise TypeError(f"keys must be strings, not {sorted({type(key).__name__ for key in value})}")
         return "{" + ",".join(f"{_json_string_text(key)}:{json_dumps(value[key])}" for key in sorted(value)) + "}"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(json_dumps(item) for item in value) + "]"

@@ -4,8 +4,8 @@ A plan (code matching by tokenize, the audit) costs about 0.3 CPU-s per package 
 mostly hold the same files, and a no-op re-run holds the same files as the last run. ``plan_package_once`` plans
 each distinct input once per process, and keeps the plans that write nothing (``patched``, ``refused``,
 ``no-set``: every re-run's) in ``$CDNA2_CACHE/patch-plans/``, keyed by everything a plan depends on: the catalog's
-bytes, the planner's code, the package, its version, the hash of every target file, the RECORD (or git) hashes,
-the optional sets and the checkout. A lost or unreadable entry costs one plan, never a wrong one. Plans that
+bytes, the planner's code and the Python running it, the package, its version, the hash of every target file, the
+RECORD (or git) hashes, the optional sets and the checkout. A lost or unreadable entry costs one plan, never a wrong one. Plans that
 write something are not kept: they carry the new bytes, and the next run finds the files patched.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import sys
 from collections.abc import Collection, Mapping
 from dataclasses import asdict
 from functools import cache
@@ -42,7 +43,8 @@ def _stored_path(catalog: Catalog, inputs: tuple) -> Path | None:
     """Where the plan for ``inputs`` is kept; None for a catalog not loaded from files (it has no digest)."""
     if not catalog.digest:
         return None
-    key = json.dumps([PLAN_MEMO_FORMAT, catalog.digest, _planner_code(), *inputs])
+    # The Python version too: tokenize, which code matching rests on, changes between versions (3.12's f-strings).
+    key = json.dumps([PLAN_MEMO_FORMAT, catalog.digest, _planner_code(), sys.version, *inputs])
     return cache_root() / "patch-plans" / f"{hashlib.sha256(key.encode('utf-8')).hexdigest()}.json"
 
 

@@ -416,6 +416,8 @@ def test_probe_json_writes_only_what_json_can() -> None:
             probe.json_dumps({"cpu_s": value})
     with pytest.raises(TypeError, match="set has no JSON form"):
         probe.json_dumps({"paths": {"a"}})
+    with pytest.raises(TypeError, match="keys must be strings"):
+        probe.json_dumps({1: "a"})
 
 
 def test_hand_parsers_agree_with_the_regular_expressions_they_replace() -> None:
