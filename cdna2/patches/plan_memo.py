@@ -5,8 +5,9 @@ mostly hold the same files, and a no-op re-run holds the same files as the last 
 each distinct input once per process, and keeps the plans that write nothing (``patched``, ``refused``,
 ``no-set``: every re-run's) in ``$CDNA2_CACHE/patch-plans/``, keyed by everything a plan depends on: the catalog's
 bytes, the planner's code and the Python running it, the package, its version, the hash of every target file, the
-RECORD (or git) hashes, the optional sets and the checkout. A lost or unreadable entry costs one plan, never a wrong one. Plans that
-write something are not kept: they carry the new bytes, and the next run finds the files patched.
+RECORD (or git) hashes, the optional sets and the checkout. A lost or unreadable entry costs one plan, never a
+wrong one. Plans that write something are not kept: they carry the new bytes, and the next run finds the files
+patched.
 """
 
 from __future__ import annotations
