@@ -17,8 +17,8 @@ PROBE_SOURCE = resources.files("cdna2").joinpath("host", "probe.py").read_text()
 # Runs the installed agent's probe when it is this very source (compared byte for byte: os.fsencode undoes the
 # decoding of argv), else the source sent inline: the agent's copy is imported, so its bytecode is cached beside it
 # (compiling 1,000 lines was a fifth of a provisioned host's probe). A login that cannot read the agent (sudo
-# refused) runs the inline copy. The cache is written even where
-# PYTHONDONTWRITEBYTECODE is set (container images often set it): it lives in this tool's own state directory.
+# refused) runs the inline copy. The cache is written even where PYTHONDONTWRITEBYTECODE is set (container images
+# often set it): it lives in this tool's own state directory.
 # argv: AGENT_DIR SOURCE OPTIONS [SUDO_REFUSAL].
 PROBE_BOOTSTRAP = (
     "import os,sys\n"
