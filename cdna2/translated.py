@@ -22,8 +22,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from cdna2.archive import tree_archive
 from cdna2.cache import cache_lock
 from cdna2.host.kernels import safe_extract
@@ -31,7 +29,7 @@ from cdna2.host.probe import file_sha256, git_hash_field, record_hash, tree_dige
 from cdna2.kernels import Policy, cache_key, find_llvm
 from cdna2.kernels.hazards import AUDIT_VERSION, VERDICTS
 from cdna2.host.state import write_file_atomically
-from cdna2.schema import first_violation
+from cdna2.schema import first_violation, load_yaml
 
 ADAPTATIONS_FILE = "gfx90a-tree.yaml"
 MEMO_FORMAT = "2"  # the remembered tree's fields (2: code_changes); a memo of another format is made again
@@ -75,7 +73,7 @@ class TranslatedTree:
 def load_adaptations() -> list[dict]:
     """cdna2/data/gfx90a-tree.yaml, validated against its schema at load."""
     source = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE)
-    document = yaml.safe_load(source.read_text())
+    document = load_yaml(source.read_text())
     schema = json.loads(resources.files("cdna2").joinpath("schemas", "gfx90a-tree-1.0.json").read_text())
     violation = first_violation(document, schema)
     if violation:

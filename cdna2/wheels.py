@@ -24,7 +24,7 @@ import yaml
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from cdna2.schema import first_violation
+from cdna2.schema import first_violation, load_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_MATRIX_PATH = PACKAGE_DIR / "data" / "wheel-matrix.yaml"
@@ -146,7 +146,7 @@ def load_matrix(path: Path | str | None = None) -> Matrix:
     """
     source = Path(path) if path is not None else DEFAULT_MATRIX_PATH
     try:
-        document = yaml.safe_load(source.read_text(encoding="utf-8"))
+        document = load_yaml(source.read_text(encoding="utf-8"))
     except OSError as error:
         raise MatrixError(f"{source}: cannot read the wheel matrix: {error.strerror}") from error
     except yaml.YAMLError as error:

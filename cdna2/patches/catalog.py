@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from cdna2.patches import matching
-from cdna2.schema import first_violation
+from cdna2.schema import first_violation, load_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_PATCHSET_DIR = PACKAGE_DIR / "data" / "patchsets"
@@ -180,7 +180,7 @@ def _check_references(sets: list[PatchSet]) -> None:
 def load_catalog(directory: Path | None = None) -> Catalog:
     """Load and validate every ``*.yaml`` patch set in ``directory`` (default: cdna2/data/patchsets)."""
     directory = DEFAULT_PATCHSET_DIR if directory is None else Path(directory)
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = load_yaml(SCHEMA_PATH.read_text())
     sources = sorted(directory.glob("*.yaml"))
     if not sources:
         raise PatchDataError(f"{directory}: no *.yaml patch sets found")
@@ -189,7 +189,7 @@ def load_catalog(directory: Path | None = None) -> Catalog:
     for source in sources:
         digest.update(b"\0" + source.name.encode("utf-8") + b"\0" + source.read_bytes())
         try:
-            document = yaml.safe_load(source.read_text(encoding="utf-8"))
+            document = load_yaml(source.read_text(encoding="utf-8"))
         except yaml.YAMLError as error:
             raise PatchDataError(f"{source}: $: not valid YAML: {error}") from error
         violation = first_violation(document, schema)
