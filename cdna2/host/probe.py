@@ -289,7 +289,10 @@ def _csv_row(line: str) -> list[str]:
     return next(csv.reader([line]), [])
 
 
+# The last few answers of record_entries (as the lru_cache it replaces kept them: functools costs the probe an
+# import); bounded, because long-lived callers (cdna2.patches.cli over many releases) pass many RECORDs of megabytes.
 _RECORD_ENTRIES: dict[tuple[str, tuple[str, ...]], tuple[list[str], ...]] = {}
+_RECORD_ENTRIES_KEPT = 16
 
 
 def record_entries(record_text: str, prefixes: tuple[str, ...] = ("",)) -> tuple[list[str], ...]:
@@ -301,6 +304,8 @@ def record_entries(record_text: str, prefixes: tuple[str, ...] = ("",)) -> tuple
     """
     key = (record_text, prefixes)
     if key not in _RECORD_ENTRIES:
+        if len(_RECORD_ENTRIES) >= _RECORD_ENTRIES_KEPT:
+            del _RECORD_ENTRIES[next(iter(_RECORD_ENTRIES))]  # the oldest
         _RECORD_ENTRIES[key] = _record_entries(record_text, prefixes)
     return _RECORD_ENTRIES[key]
 

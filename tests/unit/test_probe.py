@@ -442,3 +442,11 @@ def test_rocminfo_blocks_are_split_on_asterisk_lines_only() -> None:
     assert len(probe.parse_rocminfo(listing.replace("*******", "****"))) <= 1
     assert probe.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711(0x740F)\n")[0]["chip_id"] == "0x740f"
     assert probe.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711\n")[0]["chip_id"] is None
+
+
+def test_record_entries_keeps_only_its_last_answers() -> None:
+    records = [f"pkg/m{i}.py,sha256=h{i},{i}\n" for i in range(probe._RECORD_ENTRIES_KEPT + 4)]
+    assert [probe.record_entries(text) for text in records] == [([f"pkg/m{i}.py", f"sha256=h{i}", str(i)],)
+                                                                for i in range(len(records))]
+    assert len(probe._RECORD_ENTRIES) == probe._RECORD_ENTRIES_KEPT
+    assert (records[-1], ("",)) in probe._RECORD_ENTRIES and (records[0], ("",)) not in probe._RECORD_ENTRIES
