@@ -180,16 +180,18 @@ def _check_references(sets: list[PatchSet]) -> None:
 def load_catalog(directory: Path | None = None) -> Catalog:
     """Load and validate every ``*.yaml`` patch set in ``directory`` (default: cdna2/data/patchsets)."""
     directory = DEFAULT_PATCHSET_DIR if directory is None else Path(directory)
-    schema = load_yaml(SCHEMA_PATH.read_text())
+    schema_bytes = SCHEMA_PATH.read_bytes()
+    schema = load_yaml(schema_bytes.decode("utf-8"))
     sources = sorted(directory.glob("*.yaml"))
     if not sources:
         raise PatchDataError(f"{directory}: no *.yaml patch sets found")
     sets = []
-    digest = hashlib.sha256(SCHEMA_PATH.read_bytes())
+    digest = hashlib.sha256(schema_bytes)
     for source in sources:
-        digest.update(b"\0" + source.name.encode("utf-8") + b"\0" + source.read_bytes())
+        data = source.read_bytes()
+        digest.update(b"\0" + source.name.encode("utf-8") + b"\0" + data)
         try:
-            document = load_yaml(source.read_text(encoding="utf-8"))
+            document = load_yaml(data.decode("utf-8"))
         except yaml.YAMLError as error:
             raise PatchDataError(f"{source}: $: not valid YAML: {error}") from error
         violation = first_violation(document, schema)
