@@ -83,6 +83,11 @@ class _Kernel:
         body = self.replaced.get(index) or [self.targets[index] if index in self.targets else self.expected[chunk]]
         return nops(self.wait_states[index]) + body if index in self.wait_states else body
 
+    def groups(self) -> list[list[Expected | int]]:
+        """group() of every original instruction (most stand for themselves)."""
+        special, expected = set(self.replaced) | set(self.targets) | set(self.wait_states), self.expected
+        return [self.group(i) if i in special else [expected[chunk]] for i, chunk in enumerate(self.instructions)]
+
     def layout(self) -> tuple[list[tuple[int, int, str]], list[int]]:
         """The planned listing as the hazard audit reads it, (offset, size, text), and the original instruction
         each line belongs to."""
@@ -188,7 +193,7 @@ def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths
             # Once proven, the written listing is the planned one: this audit is the written file's.
             audit = kernel.pad_short_edges((shortfalls or {}).get(relpath)) if pad_hazards else kernel.audit()[0]
             kernel.count(moved)
-            groups = [kernel.group(i) for i in range(len(kernel.instructions))]
+            groups = kernel.groups()
             job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(kernel.edits()))
         except (elf.ElfError, isa.SplitError, reassemble.ReassemblyError) as error:
             results[relpath] = Moved(relpath, "refused", str(error))

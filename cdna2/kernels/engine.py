@@ -35,8 +35,8 @@ import shutil
 import sys
 import time
 from array import array
-from collections import Counter
-from itertools import zip_longest
+from collections import Counter, defaultdict
+from itertools import count, zip_longest
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from functools import lru_cache
 from multiprocessing import get_context
@@ -84,8 +84,9 @@ def _family(relpath: str) -> str:
 
 def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[tuple[str, str, object]]]:
     """Per file: ("ok", array of indices into the batch's table of distinct instructions) or ("error"/"skipped", why)."""
-    table: list[bytes] = []
-    index_of: dict[bytes, int] = {}
+    # A chunk met for the first time gets the next index from the dict's own factory: no Python-level loop runs per
+    # chunk, and the dict's order is the table's.
+    index_of: defaultdict[bytes, int] = defaultdict(count().__next__)
     results = []
     for relpath in relpaths:
         data = Path(src_root, relpath).read_bytes()
@@ -98,11 +99,8 @@ def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[t
         except (elf.ElfError, isa.SplitError) as error:
             results.append((relpath, "error", str(error)))
             continue
-        for chunk in unique.difference(index_of):
-            index_of[chunk] = len(table)
-            table.append(chunk)
         results.append((relpath, "ok", array("I", map(index_of.__getitem__, unique))))
-    return table, results
+    return list(index_of), results
 
 
 # --- stage 4: write and prove (runs in worker processes) ------------------------------------------------------------
@@ -200,7 +198,9 @@ class Analysis:
         self.reasons: dict[int, str] = {}  # gid -> why it blocks
         self.blocking: set[int] = set()  # the keys of reasons, once judged
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
-        self.expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> gfx90a bytes, objdump line around the address
+        self.encodings: dict[int, bytes] = {}  # gid -> its gfx90a bytes, when it passes
+        self._expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> its bytes and objdump line around the address
+        self._moving: dict[int, Expected] = {}  # gid -> the same as moves_for sends it
         self.halves: dict[int, tuple[Expected, Expected]] = {}  # gid of an int8 K=32 MFMA -> its gfx90a split
         self.splittable: set[int] = set()  # gids of the int8 K=32 MFMAs whose split assembles for gfx90a
         self.audits: dict[str, dict] = {}  # relpath of a portable kernel -> its hazard audit (KernelAudit.to_json)
@@ -224,15 +224,25 @@ class Analysis:
             self._blocker_rank = {gid: rank for rank, gid in enumerate(by_text)}
         return sorted(self.blocking_ids(relpath), key=self._blocker_rank.__getitem__)
 
+    def _expected_of(self, gids: set[int]) -> dict[int, tuple[bytes, str, str]]:
+        """Per passing gid: its gfx90a bytes and objdump line around the address. Each line is formatted when first
+        asked for: two thirds of the passing instructions belong to no kernel that is written."""
+        known, encodings = self._expected, self.encodings
+        for gid in gids.difference(known).intersection(encodings):
+            known[gid] = (encodings[gid], *llvm.objdump_line_around_address(self.gfx90a_texts[gid], encodings[gid]))
+        return {gid: known[gid] for gid in gids.intersection(encodings)}
+
     def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[bytes, str, str]]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        return {self.chunks[gid]: self.expected[gid] for gid in gids}
+        return {self.chunks[gid]: expected for gid, expected in self._expected_of(gids).items()}
 
     def moves_for(self, relpaths: list[str]) -> tuple[dict[bytes, Expected], dict[bytes, tuple[Expected, Expected]]]:
         """What kernels whose code moves need: each instruction's gfx90a text and bytes, and the splits."""
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        expected = {self.chunks[g]: Expected.with_line(self.gfx90a_texts[g], *self.expected[g])
-                    for g in gids if g in self.expected}
+        made = self._moving
+        for gid, line in self._expected_of(gids.difference(made)).items():
+            made[gid] = Expected.with_line(self.gfx90a_texts[gid], *line)
+        expected = {self.chunks[g]: made[g] for g in gids.intersection(made)}
         return expected, {self.chunks[g]: self.halves[g] for g in gids if g in self.halves}
 
     def split_unlocks(self, relpath: str) -> bool:
@@ -278,18 +288,13 @@ def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, po
     analysis = Analysis()
     started = time.monotonic()
     progress(f"scanning {len(kernels)} code objects with {jobs} processes")
-    gid_of: dict[bytes, int] = {}
+    gid_of: defaultdict[bytes, int] = defaultdict(count().__next__)  # as in _scan_batch: the order is the gids'
     groups = _balanced(src, kernels, jobs * 4)
     for table, results in pool.map(_scan_batch, [str(src)] * len(groups), groups):
-        local = []
-        for chunk in table:
-            gid = gid_of.get(chunk)
-            if gid is None:
-                gid = gid_of[chunk] = len(analysis.chunks)
-                analysis.chunks.append(chunk)
-            local.append(gid)
+        local = list(map(gid_of.__getitem__, table))
         for relpath, kind, payload in results:
             analysis.files[relpath] = (kind, array("I", map(local.__getitem__, payload)) if kind == "ok" else payload)
+    analysis.chunks = list(gid_of)
     analysis.durations["scan"] = time.monotonic() - started
 
     started = time.monotonic()
@@ -318,14 +323,23 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
         analysis.add_audits(batch)
 
 
+_INT8_K32_PATTERN = dict(isa.BUCKETS)[isa.INT8_K32]
+
+
 def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress, decode_splits: bool) -> None:
     targets = analysis.gfx90a_texts = [isa.rename(text) if text is not None else None for text in analysis.texts]
-    gfx90a_texts = sorted({target for target in targets if target is not None})
-    progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a")
-    assembled = dict(zip(gfx90a_texts, llvm.assemble(tools, gfx90a_texts, "gfx90a", jobs)))
+    # The split of every int8 K=32 MFMA is planned before anything is assembled, so that its halves go to llvm-mc in
+    # the same runs as the rest (every such MFMA blocks on gfx90a, where it does not exist).
+    splits = {gid: split.split_int8_k32(text) for gid, text in enumerate(analysis.texts)
+              if text is not None and _INT8_K32_PATTERN.search(text)}
+    halves = {half for pair, _ in splits.values() if pair for half in pair}
+    gfx90a_texts = sorted({target for target in targets if target is not None} | halves)
     # A rename is used only where gfx942 itself encodes the gfx90a spelling to the original bytes.
     renamed = sorted({target for target, text in zip(targets, analysis.texts) if target != text})
-    aliases = dict(zip(renamed, llvm.assemble(tools, renamed, "gfx942", jobs)))
+    progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a ({len(halves)} of them halves "
+             f"of int8 K=32 MFMAs), {len(renamed)} renamed ones for gfx942")
+    assembled, aliases = (dict(zip(texts, results)) for texts, results in zip(
+        (gfx90a_texts, renamed), llvm.assemble_sets(tools, [(gfx90a_texts, "gfx90a"), (renamed, "gfx942")], jobs)))
     for gid, (chunk, text, target) in enumerate(zip(analysis.chunks, analysis.texts, targets)):
         if text is None:
             analysis.reasons[gid] = "LLVM does not decode these bytes as one gfx942 instruction"
@@ -338,37 +352,38 @@ def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progr
         elif target != text and aliases[target][0] != chunk:
             analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
         else:
-            analysis.expected[gid] = (encoding, *llvm.objdump_line_around_address(target, encoding))
+            analysis.encodings[gid] = encoding
     analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
-    _judge_splits(analysis, tools, jobs, decode_splits)
+    _judge_splits(analysis, splits, assembled, tools, jobs, decode_splits)
 
 
-def _judge_splits(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, decode: bool) -> None:
-    """The gfx90a halves of each int8 K=32 MFMA the split rule handles, assembled (a split that does not assemble
-    leaves its kernel blocked) and, with `decode`, decoded back by LLVM: the decoded text is what objdump prints
-    for them, which only the proof of a written split kernel needs (so a translation without the split, or
-    classify, spends no decode on them)."""
+def _judge_splits(analysis: Analysis, splits: dict[int, tuple[tuple[str, str] | None, str | None]],
+                  assembled: dict[str, tuple[bytes | None, str | None]], tools: llvm.LlvmTools, jobs: int,
+                  decode: bool) -> None:
+    """Which blocking int8 K=32 MFMAs the split rule handles with halves that assemble for gfx90a (`assembled`; a
+    split that does not assemble leaves its kernel blocked) and, with `decode`, their halves decoded back by LLVM:
+    the decoded text is what objdump prints for them, which only the proof of a written split kernel needs (so a
+    translation without the split, or classify, spends no decode on them)."""
     planned = {}
     for gid, bucket in analysis.buckets.items():
         if bucket == isa.INT8_K32:
-            halves, why = split.split_int8_k32(analysis.texts[gid])
-            if halves is None:
+            pair, why = splits[gid]
+            if pair is None:
                 analysis.reasons[gid] = f"{analysis.reasons[gid]}; {why}"
             else:
-                planned[gid] = halves
+                planned[gid] = pair
     texts = sorted({text for pair in planned.values() for text in pair})
-    encodings = dict(zip(texts, llvm.assemble(tools, texts, "gfx90a", jobs)))
-    decodable = [encodings[t][0] for t in texts if encodings[t][0] is not None] if decode else []
+    decodable = [assembled[t][0] for t in texts if assembled[t][0] is not None] if decode else []
     printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs))) if decodable else {}
     for gid, pair in planned.items():
-        encoded = [encodings[t][0] for t in pair]
+        encoded = [assembled[t][0] for t in pair]
         back = [printed.get(encoding) for encoding in encoded] if decode else []
         if None not in encoded and None not in back:
             analysis.splittable.add(gid)
             if decode:
                 analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in zip(encoded, back))
         else:
-            analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {encodings[pair[0]][1]}"
+            analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {assembled[pair[0]][1]}"
 
 
 def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
@@ -678,14 +693,15 @@ def _route(relpath: str, audit: dict, policy: Policy, pads: dict[str, list[edits
 
 def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked: list[str], policy: Policy,
                           pads: dict[str, list[edits.Pad]], tools: llvm.LlvmTools, jobs: int,
-                          pool: ProcessPoolExecutor, progress: Progress
-                          ) -> tuple[dict[str, str], dict[str, tuple[int, str | None]], dict[str, edits.Moved]]:
+                          pool: ProcessPoolExecutor, progress: Progress, meanwhile: Callable[[], dict]
+                          ) -> tuple[dict[str, str], dict[str, tuple[int, str | None]], dict[str, edits.Moved], dict]:
     """Stages 4, 6 and 7 pipelined on the pool. The audits are queued first, then the kernels the split unlocks
     (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues its kernels to
     be patched in place (_write_batch) or re-assembled (edits.move_batch), so no worker waits for the last audit
     or for the other kind's last batch. Kernels re-assembled are then checked for the gfx90a target by
-    llvm-readelf, as _write_batch checks its own. Returns each portable kernel's route (_route), the in-place
-    outcomes and the re-assembled kernels."""
+    llvm-readelf, as _write_batch checks its own. `meanwhile` is the parent's own work, done once the workers
+    have their first tasks (it would otherwise run after the pool, with one core idle). Returns each portable
+    kernel's route (_route), the in-place outcomes, the re-assembled kernels and what `meanwhile` returned."""
     started = time.monotonic()
     portable = analysis.portable()
     progress(f"auditing MFMA wait states of {len(portable)} portable kernels for gfx90a and writing and proving them "
@@ -700,6 +716,7 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
                            {r: analysis.shortfalls[r] for r in group if r in analysis.shortfalls})
 
     moves = [move(group) for group in _balanced(src, unlocked, jobs * 4)]
+    done_meanwhile = meanwhile()
     writes, routes = [], {}
     for future in as_completed(audits):
         batch = future.result()
@@ -721,7 +738,7 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
             path.unlink()
             relpath = path.relative_to(staging).as_posix()
             moved[relpath] = edits.Moved(relpath, "error", error)
-    return routes, outcomes, moved
+    return routes, outcomes, moved, done_meanwhile
 
 
 def _moved_entry(moved: edits.Moved, audit_before: dict | None) -> dict:
@@ -791,12 +808,13 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             unlocked = sorted(relpath for relpath, (kind, _) in analysis.files.items()
                               if kind == "ok" and analysis.split_unlocks(relpath))
             audit_started = time.monotonic()
-            routes, outcomes, moved = _audit_write_and_move(src, staging, analysis,
-                                                            unlocked if policy.int8_k32_split else [], policy, pads,
-                                                            tools, jobs, pool, progress)
+            portable = set(analysis.portable())
+            routes, outcomes, moved, not_portable = _audit_write_and_move(
+                src, staging, analysis, unlocked if policy.int8_k32_split else [], policy, pads, tools, jobs, pool,
+                progress, lambda: {r: _kernel_entry(analysis, r) for r in kernel_paths if r not in portable})
             # From the last audit's return: the writing and proving that had not finished by then.
             analysis.durations["write_and_prove"] = time.monotonic() - audit_started - analysis.durations["audit"]
-        kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
+        kernels = {relpath: not_portable.get(relpath) or _kernel_entry(analysis, relpath) for relpath in kernel_paths}
         for relpath, route in routes.items():
             if route == "withheld":
                 entry = kernels[relpath]

@@ -165,8 +165,24 @@ def _assemble_batch(tools: LlvmTools, mcpu: str, texts: list[str]) -> list[tuple
 
 def assemble(tools: LlvmTools, texts: list[str], mcpu: str, jobs: int) -> list[tuple[bytes | None, str | None]]:
     """(encoding, None) for each text the assembler accepts for `mcpu`, else (None, its error message)."""
-    groups = batches(texts, jobs)
-    return [pair for group in parallel(lambda g: _assemble_batch(tools, mcpu, g), groups, jobs) for pair in group]
+    return assemble_sets(tools, [(texts, mcpu)], jobs)[0]
+
+
+def assemble_sets(tools: LlvmTools, requests: list[tuple[list[str], str]],
+                  jobs: int) -> list[list[tuple[bytes | None, str | None]]]:
+    """assemble() of each (texts, mcpu) request. Their batches share one pool of llvm-mc runs, longest first, so
+    the last batch of one request does not leave a core idle until the next request starts."""
+    work, owner = [], []  # (mcpu, batch) and the index of its request
+    for index, (texts, mcpu) in enumerate(requests):
+        for group in batches(texts, jobs):
+            work.append((mcpu, group))
+            owner.append(index)
+    order = sorted(range(len(work)), key=lambda i: -len(work[i][1]))
+    done = dict(zip(order, parallel(lambda i: _assemble_batch(tools, *work[i]), order, jobs)))
+    results: list[list[tuple[bytes | None, str | None]]] = [[] for _ in requests]
+    for i, index in enumerate(owner):  # batches in their original order within each request
+        results[index] += done[i]
+    return results
 
 
 _OBJDUMP_FILE_HEADER = ":\tfile format "

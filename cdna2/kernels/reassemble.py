@@ -106,7 +106,7 @@ def _read(data: bytes) -> _Kernel:
 # --- stage 2: source ------------------------------------------------------------------------------------------------
 
 def _bytes_directive(data: bytes) -> list[str]:
-    return [".byte " + ",".join(str(b) for b in data[i:i + 64]) for i in range(0, len(data), 64)]
+    return [".byte " + ",".join(map(str, data[i:i + 64])) for i in range(0, len(data), 64)]
 
 
 def _align(section: elf.Section) -> str:
@@ -226,13 +226,10 @@ def _body(kernel: _Kernel, job: Job) -> bytes:
     """.text with each instruction re-encoded as the job says (same lengths: offsets inside runs do not move)."""
     if not job.encodings:
         return kernel.data[kernel.text.offset:kernel.text.offset + kernel.text.size]
-    out = []
-    for chunk in kernel.instructions:
-        new = job.encodings.get(chunk, chunk)
-        if len(new) != len(chunk):
+    for chunk in set(kernel.instructions):
+        if len(new := job.encodings.get(chunk, chunk)) != len(chunk):
             raise ReassemblyError(f"re-encoding changes an instruction's length ({len(chunk)} -> {len(new)} bytes)")
-        out.append(new)
-    return b"".join(out)
+    return b"".join(map(job.encodings.get, kernel.instructions, kernel.instructions))
 
 
 def _source(kernel: _Kernel, job: Job, body: Path) -> str:
