@@ -19,13 +19,14 @@ from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
-from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, deployed_record, develop_checkout, disk_space_problem,
-                        installed_versions, kernels_decision, target_env_error, with_data_arch)
+from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
+                        disk_space_problem, installed_versions, kernels_decision, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
+from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
 from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
@@ -52,7 +53,10 @@ probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_r
                    known_contents=known_hashes(), record_memo=record_memo(host.name))
 remember_records(host.name, probe)
 # An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
-probe, no_gpu_reason = with_data_arch(probe, data.gpu_arch)
+# Only a container target may have no GPU: any other host showing none with gpu_arch set is refused below.
+container = is_container_target(host)
+arch_refusal = data_arch_refusal(probe, data.gpu_arch, container)
+probe, no_gpu_reason = with_data_arch(probe, data.gpu_arch, container)
 summarise_probe(report.host(host.name), probe)
 report.host(host.name).left_alone = arch_skip_reason(probe)
 env_error = target_env_error(probe)
@@ -70,7 +74,7 @@ tree = (translated_tree_for(host, probe, kernel_policy)
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
-problem = env_error or wheel_error or space_error
+problem = env_error or arch_refusal or wheel_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)

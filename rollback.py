@@ -19,6 +19,7 @@ from cdna2.translated import load_adaptations
 from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
+from operations.images import is_container_target
 from operations.preflight import validate_inventory
 from operations.report import RunRecorder
 from operations.rollback import rolled_back, stock_files_verified
@@ -33,7 +34,8 @@ validate_inventory(inventory)
 # 2. Probe: what this host holds of the deploy's work.
 probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
                    state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
-probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
+# The report's arch for an image built without a GPU.
+probe, _ = with_data_arch(probe, data.gpu_arch, is_container_target(host))
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 kernel_jit = sorted({pattern for adaptation in load_adaptations() for pattern in adaptation["invalidates"]})

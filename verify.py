@@ -21,6 +21,7 @@ from cdna2.patches.contents import known_hashes
 from cdna2.plan import develop_checkout, sudo_refusal, with_data_arch
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import host_probe
+from operations.images import is_container_target
 from operations.patches import probe_files
 from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
@@ -37,7 +38,8 @@ probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_r
                    patch_files=with_config_targets({package: catalog.target_files(package)
                                                     for package in catalog.packages()}, fp8_configs_of(data)),
                    record_check=catalog.packages(), known_contents=known_hashes())
-probe, _ = with_data_arch(probe, data.gpu_arch)  # the report's arch for an image built without a GPU
+# The report's arch for an image built without a GPU.
+probe, _ = with_data_arch(probe, data.gpu_arch, is_container_target(host))
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})

@@ -10,17 +10,34 @@ TARGET_ARCH = "gfx90a"
 NO_GPU_AT_BUILD = "no GPU at build time"
 
 
-def with_data_arch(probe: dict[str, Any], gpu_arch: str | None) -> tuple[dict[str, Any], str | None]:
+def with_data_arch(probe: dict[str, Any], gpu_arch: str | None,
+                   container: bool) -> tuple[dict[str, Any], str | None]:
     """The probe with its GPU arch taken from host data when it found no GPU, and why GPU checks cannot run.
 
-    An image is built where no GPU exists, so the arch it is built for can only come from data (``gpu_arch``).
-    A device the probe does find always wins: the data's arch is then ignored and the GPU checks run as usual.
+    An image is built where no GPU exists, so the arch it is built for can only come from data (``gpu_arch``), and
+    only on a `container` target: elsewhere a GPU the probe cannot see is a fault, and the data's arch is never
+    used (data_arch_refusal says why such a host is refused). A device the probe does find always wins: the data's
+    arch is then ignored and the GPU checks run as usual.
     """
     gpu = probe["gpu"]
-    if gpu_arch is None or gpu["agents"]:
+    if gpu_arch is None or gpu["agents"] or not container:
         return probe, None
     reason = f"{NO_GPU_AT_BUILD} (arch {gpu_arch} from the host data key gpu_arch)"
     return {**probe, "gpu": {**gpu, "arch": gpu_arch, "arches": [gpu_arch], "source": "host data gpu_arch"}}, reason
+
+
+def data_arch_refusal(probe: dict[str, Any], gpu_arch: str | None, container: bool) -> str | None:
+    """Why a host that is not a container target is refused when the probe found no GPU and its data names one.
+
+    On such a host (reached over SSH, say) the data's arch would have provisioned it as if the GPU were there and
+    turned every GPU check into "skipped" on a node whose GPU is broken (driver not loaded, /dev/kfd not readable).
+    """
+    if gpu_arch is None or probe["gpu"]["agents"] or container:
+        return None
+    return (f"the probe found no GPU (rocminfo, KFD topology), yet the host data sets gpu_arch {gpu_arch}; that key "
+            "stands in for a GPU only on container targets (an image is built where none exists), and on this host "
+            "a GPU that does not show is a fault to fix (amdgpu driver, /dev/kfd access). Fix the GPU, or remove "
+            "gpu_arch from this host's data")
 
 
 def arch_skip_reason(probe: dict[str, Any]) -> str | None:

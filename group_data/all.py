@@ -73,7 +73,8 @@ smoke_gpu_checks = True
 rollback_restore_triton = False
 
 # The GPU arch to provision for where the probe finds no GPU: an image is built without one (inventory/images.py).
-# A GPU the probe does find always wins. None: a host without a GPU is left alone.
+# A GPU the probe does find always wins. Only @docker/... targets take it: another host that shows no GPU with it set
+# is refused (its GPU is broken or the key misplaced). None: a host without a GPU is left alone.
 gpu_arch = None
 
 # @docker image targets: the tag the deployed image gets, e.g. "local/vllm-mi210:base-cdna2"; None leaves the

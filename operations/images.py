@@ -25,6 +25,11 @@ COMMITTED_LINE = re.compile(r"build complete, image ID: (?:\x1b\[[0-9;]*m)*([0-9
 STEP = "image"
 
 
+def is_container_target(host: Host) -> bool:
+    """An ``@docker/...`` image or running container: the only targets where host data may name the GPU arch."""
+    return isinstance(host.connector, DockerConnector)
+
+
 class CommittedImages(logging.Handler):
     """The image ids pyinfra's docker connector logs as it commits, by the log line's host prefix."""
 

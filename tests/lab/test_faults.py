@@ -1,4 +1,5 @@
-"""Faults on the simulated lab: a host dying mid-upload, a full disk, a killed controller, two controllers at once.
+"""Faults on the simulated lab: a host dying mid-upload, a full disk, a killed controller, two controllers at once,
+a GPU that does not show on a host whose data names its arch.
 
 The invariant every test checks: no host is ever left neither old nor new. AITER's ``hsa/gfx90a`` is the old tree
 or the new one, each patched package is all-pristine or all-patched, and a re-run finishes the job.
@@ -421,3 +422,28 @@ def test_second_controller_is_refused_while_the_first_runs(fault_lab: dict, tmp_
     rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path / "second")
     assert rerun.returncode == 0, rerun.output[-4000:]
     assert tree_digest(hsa(victim) / "gfx90a") == expected["digest"]
+
+
+def test_a_host_whose_gpu_does_not_show_is_refused_though_its_data_names_the_arch(fault_lab: dict,
+                                                                                   tmp_path: Path) -> None:
+    # gpu_arch stands in for a GPU only on container targets. On an SSH host whose rocminfo fails (as the real one
+    # does when the amdgpu driver did not load), provisioning from the data's arch would report every GPU check of
+    # a broken GPU as skipped.
+    victim = running_hosts(fault_lab)[0]
+    rocminfo = Path(victim["binds"]["/opt/rocm"]) / "bin" / "rocminfo"
+    working = rocminfo.read_bytes()
+    before = host_snapshot(victim)
+    rocminfo.write_text("#!/bin/sh\necho 'hsa api call failure at: rocminfo.cc:1306' >&2\nexit 1\n")
+    try:
+        run = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], "--data", "gpu_arch=gfx90a",
+                          report_dir=tmp_path)
+    finally:
+        rocminfo.write_bytes(working)
+    assert run.returncode != 0
+    row = run.row(victim["name"])
+    assert row["status"] == "failed" and "smoke" not in row["steps"], row
+    detail = row["steps"]["preflight"]["detail"]
+    assert detail.startswith("the probe found no GPU (rocminfo, KFD topology), yet the host data sets gpu_arch "
+                             "gfx90a") and detail.endswith("remove gpu_arch from this host's data"), detail
+    assert f"{victim['name']}: the probe found no GPU" in run.output
+    assert host_snapshot(victim) == before, "the refused host changed"

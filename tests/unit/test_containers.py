@@ -16,7 +16,7 @@ import pytest
 
 from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, Engine, EngineError, ImageOutcome, decide, settle_image
 from cdna2.host import smoke
-from cdna2.plan import arch_skip_reason, with_data_arch
+from cdna2.plan import arch_skip_reason, data_arch_refusal, with_data_arch
 from lab import engine as engine_module
 from operations.images import CommittedImages
 
@@ -51,21 +51,36 @@ def probe_with(agents: list[dict]) -> dict:
                     "source": "rocminfo" if agents else None}}
 
 
-def test_without_a_gpu_the_arch_comes_from_data_with_the_reason():
-    probe, reason = with_data_arch(probe_with([]), "gfx90a")
+def test_without_a_gpu_a_container_target_takes_the_arch_from_data_with_the_reason():
+    probe, reason = with_data_arch(probe_with([]), "gfx90a", container=True)
     assert probe["gpu"]["arch"] == "gfx90a" and probe["gpu"]["source"] == "host data gpu_arch"
     assert reason.startswith("no GPU at build time") and arch_skip_reason(probe) is None
+    assert data_arch_refusal(probe_with([]), "gfx90a", container=True) is None
 
 
-def test_a_gpu_the_probe_finds_wins_over_data():
+@pytest.mark.parametrize("container", [True, False])
+def test_a_gpu_the_probe_finds_wins_over_data(container: bool):
     found = probe_with([{"arch": "gfx942", "marketing_name": "AMD Instinct MI300X"}])
-    probe, reason = with_data_arch(found, "gfx90a")
+    probe, reason = with_data_arch(found, "gfx90a", container)
     assert probe is found and reason is None and "gfx942" in arch_skip_reason(probe)
+    assert data_arch_refusal(found, "gfx90a", container) is None
 
 
-def test_without_a_gpu_and_without_data_the_host_is_left_alone():
-    probe, reason = with_data_arch(probe_with([]), None)
+@pytest.mark.parametrize("container", [True, False])
+def test_without_a_gpu_and_without_data_the_host_is_left_alone(container: bool):
+    probe, reason = with_data_arch(probe_with([]), None, container)
     assert reason is None and "no GPU agent found" in arch_skip_reason(probe)
+    assert data_arch_refusal(probe_with([]), None, container) is None
+
+
+def test_a_host_that_is_no_container_never_takes_the_arch_from_data_and_is_refused():
+    # Over SSH, no GPU in the probe means a GPU that does not show (driver, /dev/kfd): provisioning it as gfx90a
+    # from data would report its GPU checks as skipped.
+    probe, reason = with_data_arch(probe_with([]), "gfx90a", container=False)
+    assert reason is None and probe["gpu"]["arch"] is None and "no GPU agent found" in arch_skip_reason(probe)
+    refusal = data_arch_refusal(probe_with([]), "gfx90a", container=False)
+    assert refusal.startswith("the probe found no GPU (rocminfo, KFD topology), yet the host data sets gpu_arch gfx90a")
+    assert refusal.endswith("Fix the GPU, or remove gpu_arch from this host's data")
 
 
 def test_gpu_checks_are_skipped_with_the_reason_no_gpu_can_exist():
