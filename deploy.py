@@ -20,7 +20,8 @@ from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
-                        disk_space_problem, installed_versions, kernels_decision, target_env_error, with_data_arch)
+                        disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
+                        target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.wheels import WheelPlanError
@@ -53,9 +54,10 @@ probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_r
                    known_contents=known_hashes(), record_memo=record_memo(host.name))
 remember_records(host.name, probe)
 # An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
-# Only a container target may have no GPU: any other host showing none with gpu_arch set is refused below.
+# Only a container target may have no GPU: any other host showing none with gpu_arch set, or with gfx90a GPUs on its
+# PCI bus, is refused below (a broken GPU must not pass for no GPU).
 container = is_container_target(host)
-arch_refusal = data_arch_refusal(probe, data.gpu_arch, container)
+arch_refusal = hidden_gpu_refusal(probe, container) or data_arch_refusal(probe, data.gpu_arch, container)
 probe, no_gpu_reason = with_data_arch(probe, data.gpu_arch, container)
 summarise_probe(report.host(host.name), probe)
 report.host(host.name).left_alone = arch_skip_reason(probe)

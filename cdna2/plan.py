@@ -40,6 +40,26 @@ def data_arch_refusal(probe: dict[str, Any], gpu_arch: str | None, container: bo
             "gpu_arch from this host's data")
 
 
+# PCI device ids of gfx90a (Aldebaran) parts, as the Linux amdgpu driver's pciidlist has them; 0x740f is the MI210.
+GFX90A_PCI_DEVICES = frozenset({"0x7408", "0x740c", "0x740f", "0x7410"})
+
+
+def hidden_gpu_refusal(probe: dict[str, Any], container: bool) -> str | None:
+    """Why a host is refused whose gfx90a GPUs are on the PCI bus while neither rocminfo nor the KFD topology lists
+    a GPU agent: its driver did not load (or /dev/kfd is closed to the login), and leaving it alone would report a
+    broken GPU as no GPU. Not on a container target, which sees its host's PCI bus without /dev/kfd at build time.
+    """
+    hidden = [found for found in probe["gpu"]["pci_without_agent"] if found["device"] in GFX90A_PCI_DEVICES]
+    if container or not hidden:
+        return None
+    listed = ", ".join(f"{found['address']} [1002:{found['device'].removeprefix('0x')}]" for found in hidden)
+    said = [error for error in probe["errors"] if "rocminfo" in error]
+    return (f"{len(hidden)} gfx90a GPU{'s' * (len(hidden) > 1)} on the PCI bus ({listed}), yet neither rocminfo nor "
+            f"the KFD topology lists a GPU agent{f' ({said[0]})' if said else ''}: the amdgpu driver is not loaded "
+            "or /dev/kfd is not open to this login. Fix that (dmesg | grep amdgpu; ls -l /dev/kfd), then run the "
+            "deploy again")
+
+
 def arch_skip_reason(probe: dict[str, Any]) -> str | None:
     """Why translation and patching leave this host alone, or None when it is a gfx90a host."""
     gpu = probe["gpu"]

@@ -43,6 +43,10 @@ DISTRIBUTIONS = {
 
 # Where the KFD driver publishes its GPU nodes; gfx_target_version there is the arch as major*10000+minor*100+step.
 KFD_TOPOLOGY = "/sys/class/kfd/kfd/topology/nodes"
+# Every PCI device, driver or not: a GPU whose driver did not load shows only here.
+PCI_DEVICES = "/sys/bus/pci/devices"
+AMD_PCI_VENDOR = "0x1002"
+PCI_GPU_CLASSES = ("0x03", "0x12")  # display controllers (an MI210 is 0x0380) and processing accelerators
 
 
 # --- digests shared with the controller (cdna2.kernels uses these very functions) ---------------------------------
@@ -558,6 +562,26 @@ def read_kfd_topology(nodes_dir: str) -> list[dict]:
     return agents
 
 
+def read_amd_pci_gpus(devices_dir: str) -> list[dict]:
+    """AMD display and accelerator devices on the PCI bus, by address: {"address", "device", "class"}."""
+    try:
+        addresses = sorted(os.listdir(devices_dir))
+    except OSError:
+        return []
+    found = []
+    for address in addresses:
+        try:
+            if _read_text(os.path.join(devices_dir, address, "vendor")).strip() != AMD_PCI_VENDOR:
+                continue
+            pci_class = _read_text(os.path.join(devices_dir, address, "class")).strip()
+            device = _read_text(os.path.join(devices_dir, address, "device")).strip()
+        except OSError:  # a device removed while read, or a file this kernel does not publish
+            continue
+        if pci_class.startswith(PCI_GPU_CLASSES):
+            found.append({"address": address, "device": device, "class": pci_class})
+    return found
+
+
 SIGKILL = 9
 
 
@@ -601,7 +625,9 @@ def run_program(argv: list[str], timeout: float) -> tuple[int, str, str]:
     return os.waitstatus_to_exitcode(status[1]), text[0], text[1]
 
 
-def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str]) -> dict:
+def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str], pci_devices: str = PCI_DEVICES) -> dict:
+    """The GPU agents rocminfo lists (the KFD topology where it lists none) and, only when neither has one, the AMD
+    GPUs on the PCI bus: a node whose GPU driver did not load must not pass for a node without a GPU."""
     agents, source = [], None
     rocminfo = os.path.join(rocm_root, "bin", "rocminfo")
     if os.access(rocminfo, os.X_OK):
@@ -617,8 +643,8 @@ def read_gpus(rocm_root: str, kfd_topology: str, errors: list[str]) -> dict:
         agents = read_kfd_topology(kfd_topology)
         source = f"{kfd_topology} gfx_target_version" if agents else source
     arches = sorted({agent["arch"] for agent in agents if agent["arch"]})
-    return {"agents": agents, "source": source, "arches": arches,
-            "arch": arches[0] if len(arches) == 1 else None}
+    return {"agents": agents, "source": source, "arches": arches, "arch": arches[0] if len(arches) == 1 else None,
+            "pci_without_agent": [] if agents else read_amd_pci_gpus(pci_devices)}
 
 
 def read_records(distributions: dict, errors: list[str], packages: Collection[str] | None = None) -> dict[str, str]:
@@ -948,11 +974,11 @@ def read_agent(agent_dir: str | None) -> dict:
 
 
 def probe(options: dict) -> dict:
-    """Options: target_python, rocm_root, state_dir; optional agent_dir, kfd_topology, patch_files {package: [paths]},
-    known_contents [hashes the controller holds the bytes of], record_memo {package: {stat, facts}} (the
-    ``record_facts`` of the last probe of this host, reused while the RECORD's stat is the same), record_check
-    [packages] (compare those distributions' files with their RECORD: reads every file, and the kernel tree too,
-    whatever any stat says)."""
+    """Options: target_python, rocm_root, state_dir; optional agent_dir, kfd_topology, pci_devices, patch_files
+    {package: [paths]}, known_contents [hashes the controller holds the bytes of], record_memo {package: {stat,
+    facts}} (the ``record_facts`` of the last probe of this host, reused while the RECORD's stat is the same),
+    record_check [packages] (compare those distributions' files with their RECORD: reads every file, and the kernel
+    tree too, whatever any stat says)."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
@@ -982,7 +1008,8 @@ def probe(options: dict) -> dict:
         "os": read_os(),
         "python": python,
         "rocm": read_rocm(options["rocm_root"], distributions),
-        "gpu": read_gpus(options["rocm_root"], options.get("kfd_topology", KFD_TOPOLOGY), errors),
+        "gpu": read_gpus(options["rocm_root"], options.get("kfd_topology", KFD_TOPOLOGY), errors,
+                         options.get("pci_devices", PCI_DEVICES)),
         "distributions": distributions,
         "aiter": read_aiter(distributions.get("amd-aiter"), "", errors, installed_kernels, facts.get("amd-aiter")),
         "patch_targets": read_patch_targets(patch_files, distributions,

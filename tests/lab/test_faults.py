@@ -14,12 +14,15 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -424,21 +427,41 @@ def test_second_controller_is_refused_while_the_first_runs(fault_lab: dict, tmp_
     assert tree_digest(hsa(victim) / "gfx90a") == expected["digest"]
 
 
+@contextmanager
+def gpu_driver_not_loaded(lab_host: dict, pci_devices: dict[str, str] | None = None) -> Iterator[None]:
+    """The host's rocminfo fails as the real one does when the amdgpu driver did not load (the lab has no KFD); with
+    `pci_devices` ({address: device id}), AMD display controllers of those ids show on its PCI bus (a directory
+    mounted over /sys/bus/pci/devices inside the host's mount namespace)."""
+    rocminfo = Path(lab_host["binds"]["/opt/rocm"]) / "bin" / "rocminfo"
+    working = rocminfo.read_bytes()
+    rocminfo.write_text("#!/bin/sh\necho 'hsa api call failure at: rocminfo.cc:1306' >&2\nexit 1\n")
+    mount = ["nsenter", "-t", str(lab_host["pid"]), "-m"]
+    # Outside the host's binds (its /tmp is its own), so the host sees it at the same path.
+    devices = Path(lab_host["binds"]["/opt/rocm"]).with_name(f"pci-{uuid.uuid4().hex[:8]}")
+    for address, device in (pci_devices or {}).items():
+        (devices / address).mkdir(parents=True)
+        for name, value in (("vendor", "0x1002"), ("device", device), ("class", "0x038000")):
+            (devices / address / name).write_text(f"{value}\n")
+    if pci_devices:
+        subprocess.run([*mount, "mount", "--bind", str(devices), "/sys/bus/pci/devices"], check=True)
+    try:
+        yield
+    finally:
+        if pci_devices:
+            subprocess.run([*mount, "umount", "/sys/bus/pci/devices"], check=True)
+        rocminfo.write_bytes(working)
+        shutil.rmtree(devices, ignore_errors=True)
+
+
 def test_a_host_whose_gpu_does_not_show_is_refused_though_its_data_names_the_arch(fault_lab: dict,
                                                                                    tmp_path: Path) -> None:
-    # gpu_arch stands in for a GPU only on container targets. On an SSH host whose rocminfo fails (as the real one
-    # does when the amdgpu driver did not load), provisioning from the data's arch would report every GPU check of
-    # a broken GPU as skipped.
+    # gpu_arch stands in for a GPU only on container targets: on an SSH host, provisioning from the data's arch
+    # would report every GPU check of a broken GPU as skipped.
     victim = running_hosts(fault_lab)[0]
-    rocminfo = Path(victim["binds"]["/opt/rocm"]) / "bin" / "rocminfo"
-    working = rocminfo.read_bytes()
     before = host_snapshot(victim)
-    rocminfo.write_text("#!/bin/sh\necho 'hsa api call failure at: rocminfo.cc:1306' >&2\nexit 1\n")
-    try:
+    with gpu_driver_not_loaded(victim):
         run = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], "--data", "gpu_arch=gfx90a",
                           report_dir=tmp_path)
-    finally:
-        rocminfo.write_bytes(working)
     assert run.returncode != 0
     row = run.row(victim["name"])
     assert row["status"] == "failed" and "smoke" not in row["steps"], row
@@ -446,4 +469,24 @@ def test_a_host_whose_gpu_does_not_show_is_refused_though_its_data_names_the_arc
     assert detail.startswith("the probe found no GPU (rocminfo, KFD topology), yet the host data sets gpu_arch "
                              "gfx90a") and detail.endswith("remove gpu_arch from this host's data"), detail
     assert f"{victim['name']}: the probe found no GPU" in run.output
+    assert host_snapshot(victim) == before, "the refused host changed"
+
+
+def test_gfx90a_gpus_on_the_pci_bus_without_an_agent_fail_the_host_instead_of_leaving_it_alone(
+        fault_lab: dict, tmp_path: Path) -> None:
+    victim = running_hosts(fault_lab)[0]
+    before = host_snapshot(victim)
+    with gpu_driver_not_loaded(victim, {"0000:87:00.0": "0x740f", "0000:c3:00.0": "0x740f"}):
+        listed = ssh(fault_lab, victim, "cat /sys/bus/pci/devices/0000:87:00.0/device").stdout.strip()
+        run = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path)
+    assert listed == "0x740f", "the host sees the PCI devices mounted in its namespace"
+    assert run.returncode != 0
+    row = run.row(victim["name"])
+    assert row["status"] == "failed" and "smoke" not in row["steps"], row
+    assert row["steps"]["preflight"]["detail"] == (
+        "2 gfx90a GPUs on the PCI bus (0000:87:00.0 [1002:740f], 0000:c3:00.0 [1002:740f]), yet neither rocminfo "
+        "nor the KFD topology lists a GPU agent (/opt/rocm/bin/rocminfo exited 1: hsa api call failure at: "
+        "rocminfo.cc:1306): the amdgpu driver is not loaded or /dev/kfd is not open to this login. Fix that (dmesg "
+        "| grep amdgpu; ls -l /dev/kfd), then run the deploy again")
+    assert "1 failed" in run.report["summary"]["text"] and "left alone" not in run.report["summary"]["text"]
     assert host_snapshot(victim) == before, "the refused host changed"

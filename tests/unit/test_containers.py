@@ -16,7 +16,7 @@ import pytest
 
 from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, Engine, EngineError, ImageOutcome, decide, settle_image
 from cdna2.host import smoke
-from cdna2.plan import arch_skip_reason, data_arch_refusal, with_data_arch
+from cdna2.plan import arch_skip_reason, data_arch_refusal, hidden_gpu_refusal, with_data_arch
 from lab import engine as engine_module
 from operations.images import CommittedImages
 

@@ -101,6 +101,34 @@ def test_kfd_topology_when_rocminfo_fails(host_root: Path) -> None:
     assert any("exited 1" in error for error in found["errors"]), found["errors"]
 
 
+def write_pci_device(devices: Path, address: str, vendor: str, device: str, pci_class: str) -> None:
+    """A device as /sys/bus/pci/devices shows it (there a symlink to its directory; a directory here)."""
+    (devices / address).mkdir(parents=True)
+    for name, value in (("vendor", vendor), ("device", device), ("class", pci_class)):
+        (devices / address / name).write_text(value + "\n")
+
+
+def test_amd_gpus_on_the_pci_bus_are_read_only_where_no_agent_shows(host_root: Path) -> None:
+    devices = host_root / "pci"
+    write_pci_device(devices, "0000:87:00.0", "0x1002", "0x740f", "0x038000")  # MI210: a display controller
+    write_pci_device(devices, "0000:c3:00.0", "0x1002", "0x740f", "0x038000")
+    write_pci_device(devices, "0000:c3:00.1", "0x1002", "0xab28", "0x040300")  # an AMD audio function: no GPU
+    write_pci_device(devices, "0000:00:14.0", "0x8086", "0x1234", "0x030000")  # another vendor's GPU
+    write_pci_device(devices, "0000:05:00.0", "0x1002", "0x74a1", "0x120000")  # an accelerator-class AMD part
+    install_rocminfo(host_root / "rocm", None, exit_code=1)  # the driver did not load: no agent anywhere
+    found = run_probe(host_root, pci_devices=str(devices))
+    assert found["gpu"]["agents"] == [] and found["gpu"]["arch"] is None
+    assert found["gpu"]["pci_without_agent"] == [
+        {"address": "0000:05:00.0", "device": "0x74a1", "class": "0x120000"},
+        {"address": "0000:87:00.0", "device": "0x740f", "class": "0x038000"},
+        {"address": "0000:c3:00.0", "device": "0x740f", "class": "0x038000"}]
+
+    install_rocminfo(host_root / "rocm", FIXTURES / "rocminfo-2x-mi210.txt")
+    found = run_probe(host_root, pci_devices=str(devices))
+    assert len(found["gpu"]["agents"]) == 2 and found["gpu"]["pci_without_agent"] == []
+    assert run_probe(host_root, pci_devices=str(host_root / "none"))["gpu"]["pci_without_agent"] == []
+
+
 def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) -> None:
     found = run_probe(host_root)
     site = host_root / "site-packages"

@@ -13,8 +13,8 @@ import pytest
 
 from cdna2.archive import tree_archive
 from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
-from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, disk_space_problem, kernels_decision,
-                        target_env_error, upload_space_problem)
+from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, disk_space_problem, hidden_gpu_refusal,
+                        kernels_decision, target_env_error, upload_space_problem)
 from cdna2.report import CHANGED, FAILED, SKIPPED, UNCHANGED, RunReport, summarise_probe
 from cdna2.rollback import plan_rollback
 from lab.kinds import plan_hosts
@@ -30,7 +30,8 @@ def probe_of(agents: list[dict]) -> dict:
         "python": {"path": "/opt/venv/bin/python", "target": "/opt/venv/bin/python", "version": "3.11.7",
                    "is_target": True},
         "rocm": {"version": "6.4.3", "source": "/opt/rocm/.info/version"},
-        "gpu": {"agents": agents, "arches": arches, "arch": arches[0] if len(arches) == 1 else None},
+        "gpu": {"agents": agents, "arches": arches, "arch": arches[0] if len(arches) == 1 else None,
+                "pci_without_agent": []},
         "distributions": {"amd-aiter": {"version": "0.1.7.post2.dev18", "location": "/opt/venv/site"}, "torch": None,
                           "triton": {"version": "3.7.0"}, "vllm": None},
         "aiter": {"hsa_root": "/x/aiter_meta/hsa", "gfx942_record_digest": "ab" * 32, "gfx942_record_files": 1326,
@@ -47,6 +48,22 @@ def test_gfx90a_host_proceeds_and_others_are_left_alone_with_reason() -> None:
     assert "mixed GPU arches gfx90a, gfx942" in arch_skip_reason(probe_of([MI210, MI300X]))
     assert "no GPU agent" in arch_skip_reason(probe_of([]))
     assert kernels_decision(probe_of([MI210]), False) == (SKIP, "translate_kernels is off for this host")
+
+
+def test_gfx90a_gpus_on_the_pci_bus_without_an_agent_refuse_the_host_but_not_a_container() -> None:
+    probe = probe_of([])
+    assert hidden_gpu_refusal(probe, container=False) is None  # no GPU at all: left alone, as before
+    probe["gpu"]["pci_without_agent"] = [{"address": "0000:05:00.0", "device": "0x74a1", "class": "0x120000"}]
+    assert hidden_gpu_refusal(probe, container=False) is None  # not a gfx90a part: this tool leaves it alone
+    probe["gpu"]["pci_without_agent"] += [{"address": f"0000:{bus}:00.0", "device": "0x740f", "class": "0x038000"}
+                                          for bus in ("87", "c3")]
+    probe["errors"] = ["/opt/rocm/bin/rocminfo exited 1: hsa api call failure at: rocminfo.cc:1306"]
+    assert hidden_gpu_refusal(probe, container=False) == (
+        "2 gfx90a GPUs on the PCI bus (0000:87:00.0 [1002:740f], 0000:c3:00.0 [1002:740f]), yet neither rocminfo nor "
+        "the KFD topology lists a GPU agent (/opt/rocm/bin/rocminfo exited 1: hsa api call failure at: "
+        "rocminfo.cc:1306): the amdgpu driver is not loaded or /dev/kfd is not open to this login. Fix that (dmesg | "
+        "grep amdgpu; ls -l /dev/kfd), then run the deploy again")
+    assert hidden_gpu_refusal(probe, container=True) is None  # an image is built without /dev/kfd
 
 
 def test_kernels_fail_without_aiter_or_with_missing_tree() -> None:
