@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root
 
-# The real packages the project works against (DEVELOPERS.md, "What is real here").
+# The real packages the project works against (the developers' guide, "What is real here").
 AITER = "amd-aiter==0.1.7.post2.dev18"
 TRITON_BROKEN = "triton==3.7.0"
 TRITON_PINNED = "triton==3.7.1"

@@ -47,8 +47,13 @@ class SourceMissing(RuntimeError):
     """A release's source (the AITER git clone, a wheel) is not available here; the message says how to get it."""
 
 
+def aiter_git_dir() -> Path:
+    """Where AITER's git history is looked for: $CDNA2_AITER_GIT, else the machine's mirror of ROCm/aiter."""
+    return Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
+
+
 def aiter_git() -> Path:
-    path = Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
+    path = aiter_git_dir()
     if not (path / "HEAD").is_file():
         raise SourceMissing(f"{path}: no AITER git directory; set CDNA2_AITER_GIT to a (bare) clone of ROCm/aiter")
     return path

@@ -9,13 +9,12 @@ machine from $CDNA2_AITER_GIT (skipped when absent) and the translation of its t
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cdna2.patches.coverage import DEFAULT_AITER_GIT
+from cdna2.patches.coverage import aiter_git_dir
 from tests.lab.conftest import one_host_lab
 from tests.lab.deploy_runner import run_pyinfra
 
@@ -24,7 +23,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 @pytest.fixture()
 def develop_lab(monkeypatch: pytest.MonkeyPatch):
-    git_dir = Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
+    git_dir = aiter_git_dir()
     if not (git_dir / "HEAD").is_file():
         pytest.skip(f"no AITER git history at {git_dir}: set CDNA2_AITER_GIT to a clone of github.com/ROCm/aiter")
     with one_host_lab("develop", "--aiter", "develop", monkeypatch=monkeypatch) as lab:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import shutil
 import subprocess
 import tarfile
@@ -14,6 +13,7 @@ import pytest
 
 from cdna2.cache import cache_root
 from cdna2.kernels import Policy, find_llvm, translate_tree
+from cdna2.patches.coverage import aiter_git_dir
 from lab import wheelhouse
 
 KERNEL_TEMPLATE = """\
@@ -98,8 +98,7 @@ def build_code_object(llvm_tools, tmp_path):
     return build
 
 
-# AITER's git history (a bare repository): CDNA2_AITER_GIT, else the machine's mirror of github.com/ROCm/aiter.
-AITER_GIT = Path(os.environ.get("CDNA2_AITER_GIT") or "/work/.mirror/ROCm+aiter/repo")
+AITER_GIT = aiter_git_dir()  # a bare repository
 
 
 def aiter_git_tree(tag: str) -> Path:

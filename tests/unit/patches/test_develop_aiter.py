@@ -24,13 +24,13 @@ from cdna2.host import txn
 from cdna2.host.probe import checkout_path, file_content, git_hash_field, record_hash, tree_digest
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
-from cdna2.patches.coverage import DEFAULT_AITER_GIT
+from cdna2.patches.coverage import aiter_git_dir
 from cdna2.plan import FAIL, PROCEED, develop_checkout, kernels_decision, target_env_error
 from cdna2.report import HostRow, summarise_probe
 from cdna2.translated import KernelSourceError, ensure_source
 from tests.unit.test_probe import PROBE_SCRIPT
 
-AITER_GIT = Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
+AITER_GIT = aiter_git_dir()
 TAG, VERSION = "v0.1.19", "0.1.19"
 KERNELS = 3  # gfx942 kernel files committed into the checkout: enough for a tree digest
 

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from cdna2.host import jit, smoke
+from cdna2.patches.coverage import aiter_git_dir
 from lab import wheelhouse
 
 ROOT = Path(__file__).resolve().parents[3]
-AITER_GIT = Path(os.environ.get("CDNA2_AITER_GIT", "/work/.mirror/ROCm+aiter/repo"))
+AITER_GIT = aiter_git_dir()
 TAGS = ("v0.1.17", "v0.1.19", "v0.1.20.post1", "main")
 
 
