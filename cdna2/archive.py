@@ -40,7 +40,10 @@ def tree_archive(root: Path, dest: Path, prefix: str = "") -> Path:
                 tar.addfile(info)
     staged = dest.with_name(f".{dest.name}.staged-{os.getpid()}")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(staged, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as stream:
-        stream.write(buffer.getvalue())
-    os.replace(staged, dest)
+    try:
+        with open(staged, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as stream:
+            stream.write(buffer.getvalue())
+        os.replace(staged, dest)
+    finally:
+        staged.unlink(missing_ok=True)  # a write cut short (a full disk) leaves no partial archive behind
     return dest

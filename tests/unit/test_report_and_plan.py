@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import hashlib
 import json
 import multiprocessing
@@ -190,6 +191,21 @@ def test_tree_archive_is_deterministic(tmp_path: Path) -> None:
     (tree / "sub" / "a.co").touch()  # a new mtime must not change the archive
     second = hashlib.sha256(tree_archive(tree, tmp_path / "2.tar.gz").read_bytes()).hexdigest()
     assert first == second
+
+
+def test_tree_archive_cut_short_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.co").write_bytes(b"a" * 4096)
+    out = tmp_path / "out"
+
+    def full_disk(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gzip.GzipFile, "write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        tree_archive(tree, out / "tree.tar.gz")
+    assert list(out.iterdir()) == []
 
 
 def _hold_lock(state_dir: str, ready, release) -> None:
