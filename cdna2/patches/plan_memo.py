@@ -7,14 +7,17 @@ each distinct input once per process, and keeps the plans that write nothing (``
 bytes, the planner's code and the Python running it, the package, its version, the hash of every target file, the
 RECORD (or git) hashes, the optional sets and the checkout. A lost or unreadable entry costs one plan, never a
 wrong one. Plans that write something are not kept: they carry the new bytes, and the next run finds the files
-patched.
+patched. The directory keeps the PLANS_KEPT plans used last (a plan read back is marked used), so a cluster that
+upgrades often does not grow it without end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Collection, Mapping
 from dataclasses import asdict
@@ -29,6 +32,7 @@ from cdna2.patches.catalog import Catalog
 from cdna2.patches.planner import PackagePlan, SiteState, plan_package, sha256_hex
 
 PLAN_MEMO_FORMAT = 1
+PLANS_KEPT = 512  # distinct inputs, a few kB each; one upgrade of one package across a cluster adds one or two
 
 # Plans made or read in this process, by their inputs: (id(catalog), ...) -> (catalog, plan). The catalog is held
 # so that its id is not reused by another while the entry lives.
@@ -52,13 +56,25 @@ def _stored_path(catalog: Catalog, inputs: tuple) -> Path | None:
 def _read(path: Path) -> PackagePlan | None:
     try:
         fields = json.loads(path.read_text(encoding="utf-8"))
-        return PackagePlan(**{**fields, "sites": [SiteState(**site) for site in fields["sites"]]})
+        plan = PackagePlan(**{**fields, "sites": [SiteState(**site) for site in fields["sites"]]})
+        os.utime(path)  # used now: _prune keeps it
+        return plan
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
 def _store(path: Path, plan: PackagePlan) -> None:
     write_file_atomically(path, json.dumps(asdict(plan), sort_keys=True).encode("utf-8"))
+    _prune(path.parent)
+
+
+def _prune(directory: Path) -> None:
+    """Remove all but the PLANS_KEPT plans used last (another process may remove the same ones meanwhile)."""
+    with os.scandir(directory) as entries:
+        plans = [(entry.stat().st_mtime_ns, entry.path) for entry in entries if entry.name.endswith(".json")]
+    for _, stale in sorted(plans, reverse=True)[PLANS_KEPT:]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(stale)
 
 
 def plan_package_once(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],

@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import hashlib
 import json
+import os
 import py_compile
 
 import pytest
@@ -184,6 +185,28 @@ def test_a_plan_that_writes_nothing_is_read_back_by_the_next_run_and_only_for_th
     assert plan_memo.plan_package_once(catalog, "vllm", version, patched, record, []) == first
     assert len(counted_plans) == 6 and json.loads(stored.read_text())["status"] == "patched", \
         "an unreadable entry is planned again and written anew"
+
+
+def test_the_stored_plans_are_bounded_and_the_ones_used_last_are_kept(catalog, tmp_path, monkeypatch, counted_plans):
+    from cdna2.patches import plan_memo
+    from tests.unit.patches.conftest import copy_real_subset
+
+    monkeypatch.setattr(plan_memo, "PLANS_KEPT", 2)
+    version, files, record = probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog,
+                                   "vllm")
+    applied = plan_memo.plan_package_once(catalog, "vllm", version, files, record, [])
+    patched = dict(files, **{change.path: change.new_bytes for change in applied.changes})
+    stored = tmp_path / "controller-cache" / "patch-plans"
+    catalogs = [dataclasses.replace(catalog, digest=f"catalog-{n}") for n in range(3)]
+    plan_memo.plan_package_once(catalogs[0], "vllm", version, patched, record, [])
+    [first] = stored.glob("*.json")
+    plan_memo.plan_package_once(catalogs[1], "vllm", version, patched, record, [])
+    os.utime(first, ns=(1, 1))  # the oldest: used long ago...
+    monkeypatch.setattr(plan_memo, "_plans", {})
+    plan_memo.plan_package_once(catalogs[0], "vllm", version, patched, record, [])  # ...and read back now
+    assert first.stat().st_mtime_ns > 1 and len(counted_plans) == 3, "read back, not planned, and marked used"
+    plan_memo.plan_package_once(catalogs[2], "vllm", version, patched, record, [])
+    assert len(list(stored.glob("*.json"))) == 2 and first.exists(), "the plan used least recently went"
 
 
 def test_a_catalog_built_in_code_keeps_no_plan_on_disk(catalog, tmp_path, counted_plans):
