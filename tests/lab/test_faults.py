@@ -434,20 +434,22 @@ def gpu_driver_not_loaded(lab_host: dict, pci_devices: dict[str, str] | None = N
     mounted over /sys/bus/pci/devices inside the host's mount namespace)."""
     rocminfo = Path(lab_host["binds"]["/opt/rocm"]) / "bin" / "rocminfo"
     working = rocminfo.read_bytes()
-    rocminfo.write_text("#!/bin/sh\necho 'hsa api call failure at: rocminfo.cc:1306' >&2\nexit 1\n")
     mount = ["nsenter", "-t", str(lab_host["pid"]), "-m"]
     # Outside the host's binds (its /tmp is its own), so the host sees it at the same path.
     devices = Path(lab_host["binds"]["/opt/rocm"]).with_name(f"pci-{uuid.uuid4().hex[:8]}")
-    for address, device in (pci_devices or {}).items():
-        (devices / address).mkdir(parents=True)
-        for name, value in (("vendor", "0x1002"), ("device", device), ("class", "0x038000")):
-            (devices / address / name).write_text(f"{value}\n")
-    if pci_devices:
-        subprocess.run([*mount, "mount", "--bind", str(devices), "/sys/bus/pci/devices"], check=True)
+    mounted = False
     try:
+        rocminfo.write_text("#!/bin/sh\necho 'hsa api call failure at: rocminfo.cc:1306' >&2\nexit 1\n")
+        for address, device in (pci_devices or {}).items():
+            (devices / address).mkdir(parents=True)
+            for name, value in (("vendor", "0x1002"), ("device", device), ("class", "0x038000")):
+                (devices / address / name).write_text(f"{value}\n")
+        if pci_devices:
+            subprocess.run([*mount, "mount", "--bind", str(devices), "/sys/bus/pci/devices"], check=True)
+            mounted = True
         yield
     finally:
-        if pci_devices:
+        if mounted:
             subprocess.run([*mount, "umount", "/sys/bus/pci/devices"], check=True)
         rocminfo.write_bytes(working)
         shutil.rmtree(devices, ignore_errors=True)
