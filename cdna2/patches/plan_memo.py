@@ -57,10 +57,11 @@ def _read(path: Path) -> PackagePlan | None:
     try:
         fields = json.loads(path.read_text(encoding="utf-8"))
         plan = PackagePlan(**{**fields, "sites": [SiteState(**site) for site in fields["sites"]]})
-        os.utime(path)  # used now: _prune keeps it
-        return plan
     except (OSError, ValueError, TypeError, KeyError):
         return None
+    with contextlib.suppress(OSError):  # a plan read is good even where it cannot be marked
+        os.utime(path)  # used now: _prune keeps it
+    return plan
 
 
 def _store(path: Path, plan: PackagePlan) -> None:
@@ -70,8 +71,12 @@ def _store(path: Path, plan: PackagePlan) -> None:
 
 def _prune(directory: Path) -> None:
     """Remove all but the PLANS_KEPT plans used last (another process may remove the same ones meanwhile)."""
+    plans = []
     with os.scandir(directory) as entries:
-        plans = [(entry.stat().st_mtime_ns, entry.path) for entry in entries if entry.name.endswith(".json")]
+        for entry in entries:
+            if entry.name.endswith(".json") and not entry.name.startswith("."):  # not another process's staged file
+                with contextlib.suppress(FileNotFoundError):
+                    plans.append((entry.stat().st_mtime_ns, entry.path))
     for _, stale in sorted(plans, reverse=True)[PLANS_KEPT:]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(stale)
