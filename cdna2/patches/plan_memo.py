@@ -74,7 +74,7 @@ def _prune(directory: Path) -> None:
     plans = []
     with os.scandir(directory) as entries:
         for entry in entries:
-            if entry.name.endswith(".json") and not entry.name.startswith("."):  # not another process's staged file
+            if entry.name.endswith(".json"):  # staged files end in -<pid>
                 with contextlib.suppress(FileNotFoundError):
                     plans.append((entry.stat().st_mtime_ns, entry.path))
     for _, stale in sorted(plans, reverse=True)[PLANS_KEPT:]:
