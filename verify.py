@@ -5,8 +5,9 @@
 Per host, a fresh probe (with every AITER and vLLM file compared to its RECORD) is compared with the `deployed`
 record the deploy wrote there: AITER, vLLM, torch or triton upgraded or replaced underneath us, a patch lost or a
 patched file edited, kernels missing or altered, or made under another kernel policy (kernel_hazard_policy,
-pad_mfma_hazards, int8_k32_split) or MFMA wait-state audit version than the host's data and this tool give now.
-Nothing on any host changes; run the deploy to repair.
+pad_mfma_hazards, int8_k32_split) or MFMA wait-state audit version than the host's data and this tool give now; and
+gfx90a GPUs on the PCI bus that neither rocminfo nor the KFD topology lists any more (their driver failed). Nothing
+on any host changes; run the deploy to repair (a failed driver first).
 """
 
 from pyinfra import host, inventory, state
@@ -18,7 +19,7 @@ from cdna2.fp8_configs import with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
-from cdna2.plan import develop_checkout, sudo_refusal, with_data_arch
+from cdna2.plan import develop_checkout, hidden_gpu_refusal, sudo_refusal, with_data_arch
 from cdna2.report import FAILED, summarise_probe
 from operations.facts import host_probe
 from operations.images import is_container_target
@@ -38,8 +39,11 @@ probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_r
                    patch_files=with_config_targets({package: catalog.target_files(package)
                                                     for package in catalog.packages()}, fp8_configs_of(data)),
                    record_check=catalog.packages(), known_contents=known_hashes())
+container = is_container_target(host)
+# gfx90a GPUs on the PCI bus without an agent (a driver that failed since the deploy): not as deployed, files or not.
+hidden_gpu = hidden_gpu_refusal(probe, container)
 # The report's arch for an image built without a GPU.
-probe, _ = with_data_arch(probe, data.gpu_arch, is_container_target(host))
+probe, _ = with_data_arch(probe, data.gpu_arch, container)
 summarise_probe(report.host(host.name), probe)
 
 deployed_sets = ((probe["state"] or {}).get("deployed") or {}).get("patch_sets", {})
@@ -54,6 +58,7 @@ for package in deployed_sets:
 
 refusal = sudo_refusal(probe)  # unprivileged, the probe cannot see what the deploy left
 drift = [refusal] if refusal else find_drift(probe, plans, KernelPolicy.of_host_data(data).record())
+drift += [hidden_gpu] if hidden_gpu else []
 if (((probe["state"] or {}).get("deployed") or {}).get("kernel_hazards") or {}).get("policy") == "permissive":
     report.host(host.name).notes.append("kernels installed under kernel_hazard_policy permissive: kernels short of "
                                         "gfx90a's MFMA wait states in straight-line code may be among them")

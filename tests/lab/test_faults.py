@@ -492,3 +492,16 @@ def test_gfx90a_gpus_on_the_pci_bus_without_an_agent_fail_the_host_instead_of_le
         "| grep amdgpu; ls -l /dev/kfd), then run the deploy again")
     assert "1 failed" in run.report["summary"]["text"] and "left alone" not in run.report["summary"]["text"]
     assert host_snapshot(victim) == before, "the refused host changed"
+
+
+def test_verify_reports_a_deployed_host_whose_gfx90a_gpus_no_longer_show(fault_lab: dict, tmp_path: Path) -> None:
+    victim = running_hosts(fault_lab)[0]
+    clean = run_pyinfra("-y", "verify.py", "--limit", victim["name"], report_dir=tmp_path)
+    assert clean.returncode == 0, clean.output[-4000:]  # as deployed: what follows is the GPU's doing alone
+    with gpu_driver_not_loaded(victim, {"0000:87:00.0": "0x740f"}):
+        run = run_pyinfra("-y", "verify.py", "--limit", victim["name"], report_dir=tmp_path)
+    assert run.returncode != 0
+    verify = run.row(victim["name"])["steps"]["verify"]
+    assert verify["status"] == "failed", verify
+    assert "1 gfx90a GPU on the PCI bus (0000:87:00.0 [1002:740f]), yet neither rocminfo nor the KFD topology " \
+           "lists a GPU agent" in verify["detail"], verify["detail"]
