@@ -199,8 +199,7 @@ class Analysis:
         self.blocking: set[int] = set()  # the keys of reasons, once judged
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
         self.encodings: dict[int, bytes] = {}  # gid -> its gfx90a bytes, when it passes
-        self._expected: dict[int, tuple[bytes, str, str]] = {}  # gid -> its bytes and objdump line around the address
-        self._moving: dict[int, Expected] = {}  # gid -> the same as moves_for sends it
+        self._expected: dict[int, Expected] = {}  # gid of a passing instruction -> it, once a written kernel asks
         self.halves: dict[int, tuple[Expected, Expected]] = {}  # gid of an int8 K=32 MFMA -> its gfx90a split
         self.splittable: set[int] = set()  # gids of the int8 K=32 MFMAs whose split assembles for gfx90a
         self.audits: dict[str, dict] = {}  # relpath of a portable kernel -> its hazard audit (KernelAudit.to_json)
@@ -224,34 +223,38 @@ class Analysis:
             self._blocker_rank = {gid: rank for rank, gid in enumerate(by_text)}
         return sorted(self.blocking_ids(relpath), key=self._blocker_rank.__getitem__)
 
-    def _expected_of(self, gids: set[int]) -> dict[int, tuple[bytes, str, str]]:
-        """Per passing gid: its gfx90a bytes and objdump line around the address. Each line is formatted when first
-        asked for: two thirds of the passing instructions belong to no kernel that is written."""
+    def _expected_of(self, gids: set[int]) -> dict[bytes, Expected]:
+        """Each passing instruction among `gids`, as gfx90a must print and encode it. Each is made, and its objdump
+        line formatted (it is cached in the object and travels with it to the workers), when first asked for: two
+        thirds of the passing instructions belong to no kernel that is written."""
         known, encodings = self._expected, self.encodings
         for gid in gids.difference(known).intersection(encodings):
-            known[gid] = (encodings[gid], *llvm.objdump_line_around_address(self.gfx90a_texts[gid], encodings[gid]))
-        return {gid: known[gid] for gid in gids.intersection(encodings)}
+            expected = known[gid] = Expected(self.gfx90a_texts[gid], encodings[gid])
+            expected.line_around_address  # formatted here once, not again in every batch that sends it
+        return {self.chunks[gid]: known[gid] for gid in gids.intersection(encodings)}
 
     def expected_for(self, relpaths: list[str]) -> dict[bytes, tuple[bytes, str, str]]:
+        """What kernels patched in place need: each instruction's gfx90a bytes and objdump line around the address
+        (tuples: they cross to the workers three times cheaper than Expected objects)."""
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        return {self.chunks[gid]: expected for gid, expected in self._expected_of(gids).items()}
+        return {chunk: (expected.encoding, *expected.line_around_address)
+                for chunk, expected in self._expected_of(gids).items()}
 
     def moves_for(self, relpaths: list[str]) -> tuple[dict[bytes, Expected], dict[bytes, tuple[Expected, Expected]]]:
         """What kernels whose code moves need: each instruction's gfx90a text and bytes, and the splits."""
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
-        made = self._moving
-        for gid, line in self._expected_of(gids.difference(made)).items():
-            made[gid] = Expected.with_line(self.gfx90a_texts[gid], *line)
-        expected = {self.chunks[g]: made[g] for g in gids.intersection(made)}
-        return expected, {self.chunks[g]: self.halves[g] for g in gids if g in self.halves}
+        return self._expected_of(gids), {self.chunks[g]: self.halves[g] for g in gids if g in self.halves}
 
     def split_unlocks(self, relpath: str) -> bool:
         """Every blocker of the kernel is an int8 K=32 MFMA the split rule handles."""
         blockers = self.blocking_ids(relpath)
         return bool(blockers) and blockers <= self.splittable
 
+    def is_portable(self, relpath: str) -> bool:
+        return self.files[relpath][0] == "ok" and not self.blocking_ids(relpath)
+
     def portable(self) -> list[str]:
-        return [relpath for relpath, (kind, _) in self.files.items() if kind == "ok" and not self.blocking_ids(relpath)]
+        return [relpath for relpath in self.files if self.is_portable(relpath)]
 
     def add_audits(self, batch: list[tuple[str, dict, dict[int, int]]]) -> None:
         """What hazards.audit_batch found."""
@@ -817,10 +820,9 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             unlocked = sorted(relpath for relpath, (kind, _) in analysis.files.items()
                               if kind == "ok" and analysis.split_unlocks(relpath))
             audit_started = time.monotonic()
-            portable = set(analysis.portable())
             routes, outcomes, moved, not_portable = _audit_write_and_move(
                 src, staging, analysis, unlocked if policy.int8_k32_split else [], policy, pads, tools, jobs, pool,
-                progress, lambda: {r: _kernel_entry(analysis, r) for r in kernel_paths if r not in portable})
+                progress, lambda: {r: _kernel_entry(analysis, r) for r in kernel_paths if not analysis.is_portable(r)})
             # From the last audit's return: the writing and proving that had not finished by then.
             analysis.durations["write_and_prove"] = time.monotonic() - audit_started - analysis.durations["audit"]
         kernels = {relpath: not_portable.get(relpath) or _kernel_entry(analysis, relpath) for relpath in kernel_paths}

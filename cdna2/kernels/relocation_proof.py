@@ -32,14 +32,6 @@ class Expected:
         """Its objdump line before and after the address (computed once: most are shared by many kernels)."""
         return llvm.objdump_line_around_address(self.text, self.encoding)
 
-    @classmethod
-    def with_line(cls, text: str, encoding: bytes, head: str, tail: str) -> Expected:
-        """An Expected whose line_around_address (head, tail) is known already; it travels with it to the worker
-        that proves the kernel, which would otherwise compute it again for every batch."""
-        expected = cls(text, encoding)
-        object.__setattr__(expected, "line_around_address", (head, tail))  # the cached_property's own slot
-        return expected
-
 
 def _words(words: str) -> bytes:
     return b"".join(int(word, 16).to_bytes(4, "little") for word in words.split())
