@@ -126,6 +126,18 @@ def test_vllm_033_ck_int8_gemm_takes_the_reshaped_gate_variant(catalog, tmp_path
     assert "        or is_aiter_attention_supported()\n" in ops
 
 
+def vllm_026_host(catalog, tmp_path) -> tuple:
+    """(version, files, RECORD) of a host holding vLLM 0.26.0's patch targets, as the deploy probes them."""
+    from tests.unit.patches.conftest import copy_real_subset
+
+    return probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog, "vllm")
+
+
+def with_changes(files: dict, plan) -> dict:
+    """The files once ``plan`` is applied."""
+    return dict(files, **{change.path: change.new_bytes for change in plan.changes})
+
+
 @pytest.fixture
 def counted_plans(monkeypatch, tmp_path) -> list:
     """plan_memo with an empty memo in this process and its own empty cache directory; the plans it makes."""
@@ -158,14 +170,12 @@ def test_identical_hosts_are_planned_once_and_each_gets_its_own_copy(catalog, tm
 def test_a_plan_that_writes_nothing_is_read_back_by_the_next_run_and_only_for_the_same_inputs(
         catalog, tmp_path, monkeypatch, counted_plans):
     from cdna2.patches import plan_memo
-    from tests.unit.patches.conftest import copy_real_subset
 
-    version, files, record = probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog,
-                                   "vllm")
+    version, files, record = vllm_026_host(catalog, tmp_path)
     applied = plan_memo.plan_package_once(catalog, "vllm", version, files, record, [])
     assert applied.status == "apply" and not list((tmp_path / "controller-cache").rglob("*.json")), \
         "a plan that writes files is not kept: it carries their new bytes"
-    patched = dict(files, **{change.path: change.new_bytes for change in applied.changes})
+    patched = with_changes(files, applied)
     first = plan_memo.plan_package_once(catalog, "vllm", version, patched, record, [])
     assert first.status == "patched" and len(counted_plans) == 2
     [stored] = (tmp_path / "controller-cache" / "patch-plans").glob("*.json")
@@ -189,13 +199,11 @@ def test_a_plan_that_writes_nothing_is_read_back_by_the_next_run_and_only_for_th
 
 def test_the_stored_plans_are_bounded_and_the_ones_used_last_are_kept(catalog, tmp_path, monkeypatch, counted_plans):
     from cdna2.patches import plan_memo
-    from tests.unit.patches.conftest import copy_real_subset
 
     monkeypatch.setattr(plan_memo, "PLANS_KEPT", 2)
-    version, files, record = probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog,
-                                   "vllm")
+    version, files, record = vllm_026_host(catalog, tmp_path)
     applied = plan_memo.plan_package_once(catalog, "vllm", version, files, record, [])
-    patched = dict(files, **{change.path: change.new_bytes for change in applied.changes})
+    patched = with_changes(files, applied)
     stored = tmp_path / "controller-cache" / "patch-plans"
     catalogs = [dataclasses.replace(catalog, digest=f"catalog-{n}") for n in range(3)]
     plan_memo.plan_package_once(catalogs[0], "vllm", version, patched, record, [])
@@ -211,9 +219,7 @@ def test_the_stored_plans_are_bounded_and_the_ones_used_last_are_kept(catalog, t
 
 def test_a_catalog_built_in_code_keeps_no_plan_on_disk(catalog, tmp_path, counted_plans):
     from cdna2.patches import plan_memo
-    from tests.unit.patches.conftest import copy_real_subset
 
-    version, files, record = probe(copy_real_subset(catalog, "vllm==0.26.0", "vllm", tmp_path / "host"), catalog,
-                                   "vllm")
+    version, files, record = vllm_026_host(catalog, tmp_path)
     plan_memo.plan_package_once(dataclasses.replace(catalog, digest=""), "vllm", version, files, record, [])
     assert not (tmp_path / "controller-cache" / "patch-plans").exists()
