@@ -174,7 +174,7 @@ def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths
                shortfalls: dict[str, dict[int, int]] | None = None) -> list[Moved]:
     """Plan (splits, the pads asked for, and with `pad_hazards` the pads the hazard audit of the planned listing
     asks for, starting from the engine's `shortfalls` of the unedited kernel), rebuild for gfx90a, retarget and prove
-    each kernel; a kernel that fails is reported, not left in the
+    each kernel, and check with llvm-readelf that it says gfx90a; a kernel that fails is reported, not left in the
     tree. The audit reported is the planned listing's, which the proof shows the file holds (the slow real-tree
     test audits every written file afresh from its disassembly). The batch's rebuilt kernels are disassembled by
     one llvm-objdump call (a call's start costs about as much as disassembling a kernel), each proven on its own."""
@@ -215,14 +215,16 @@ def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths
         target.write_bytes(data)
         os.chmod(target, Path(job.source).stat().st_mode & 0o777)
         written.append((moved, target, bytes(data), original, code_object, groups, audit))
-    listings = llvm.objdump_lines(tools, [target for _, target, *_ in written], "gfx90a") if written else {}
+    paths = [target for _, target, *_ in written]
+    listings = llvm.objdump_lines(tools, paths, "gfx90a") if written else {}
+    wrong_target = llvm.target_errors(tools, paths, "gfx90a") if written else {}
     for moved, target, data, original, code_object, groups, audit in written:
         error = prove(original, data, listings.get(str(target), []), groups)
-        if error is None:
+        if error is None and str(target) not in wrong_target:
             moved.text_growth = elf.read_code_object(data).text_size - code_object.text_size
             moved.audit = audit.to_json()
         else:
             target.unlink()
-            moved = Moved(moved.relpath, "error", f"proof failed: {error}")
+            moved = Moved(moved.relpath, "error", f"proof failed: {error or wrong_target[str(target)]}")
         results[moved.relpath] = moved
     return [results[relpath] for relpath in relpaths]

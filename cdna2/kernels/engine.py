@@ -143,15 +143,6 @@ def _prove(expected: list[str], actual: list[str]) -> str | None:
     return None
 
 
-def _check_target(notes: str) -> str | None:
-    """llvm-readelf must name gfx90a in the header flags and in every metadata target line."""
-    lines = [line for line in notes.splitlines() if line.strip().startswith(("Flags:", "amdhsa.target:"))]
-    if not any(line.strip().startswith("Flags:") for line in lines):
-        return "llvm-readelf printed no header flags"
-    wrong = [line.strip() for line in lines if "gfx90a" not in line]
-    return f"llvm-readelf does not say gfx90a: {'; '.join(wrong)}" if wrong else None
-
-
 def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
                  expected: dict[bytes, tuple[bytes, str, str]]) -> list[tuple[str, int, str | None]]:
     """Write each kernel into staging and prove it; returns (relpath, patched instructions, error or None)."""
@@ -175,10 +166,9 @@ def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpat
     if not written:
         return results
     disassembly = llvm.objdump_lines(tools, [t for _, t, _ in written], "gfx90a")
-    notes = llvm.readelf_notes(tools, [t for _, t, _ in written])
+    wrong_target = llvm.target_errors(tools, [t for _, t, _ in written], "gfx90a")
     for relpath, target, patched in written:
-        error = (_prove(listings[str(target)], disassembly.get(str(target), []))
-                 or _check_target(notes.get(str(target), "")))
+        error = _prove(listings[str(target)], disassembly.get(str(target), [])) or wrong_target.get(str(target))
         if error:
             target.unlink()  # a file that failed its proof is never left in the tree
         results.append((relpath, patched, error))
@@ -710,8 +700,7 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
     """Stages 4, 6 and 7 pipelined on the pool. The audits are queued first, then the kernels the split unlocks
     (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues its kernels to
     be patched in place (_write_batch) or re-assembled (edits.move_batch), so no worker waits for the last audit
-    or for the other kind's last batch. Kernels re-assembled are then checked for the gfx90a target by
-    llvm-readelf, as _write_batch checks its own. `meanwhile` is the parent's own work, done once the workers
+    or for the other kind's last batch. `meanwhile` is the parent's own work, done once the workers
     have their first tasks (it would otherwise run after the pool, with one core idle). Returns each portable
     kernel's route (_route), the in-place outcomes, the re-assembled kernels and what `meanwhile` returned."""
     started = time.monotonic()
@@ -743,13 +732,6 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
     analysis.durations["audit"] = time.monotonic() - started
     outcomes = {relpath: (patched, error) for future in writes for relpath, patched, error in future.result()}
     moved = {result.relpath: result for future in moves for result in future.result()}
-    written = [staging / r for r, result in moved.items() if result.outcome == "written"]
-    notes = llvm.readelf_notes(tools, written) if written else {}
-    for path in written:
-        if error := _check_target(notes.get(str(path), "")):
-            path.unlink()
-            relpath = path.relative_to(staging).as_posix()
-            moved[relpath] = edits.Moved(relpath, "error", error)
     return routes, outcomes, moved, done_meanwhile
 
 

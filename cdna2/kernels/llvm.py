@@ -240,3 +240,18 @@ def readelf_notes(tools: LlvmTools, paths: list[Path]) -> dict[str, str]:
     for name, body in zip(chunks[1::2], chunks[2::2]):
         per_file[name.strip()] = body
     return per_file
+
+
+def target_errors(tools: LlvmTools, paths: list[Path], target: str) -> dict[str, str]:
+    """Why, per file whose llvm-readelf header flags or metadata target lines do not all name `target` (a file
+    absent from the answer names it everywhere)."""
+    notes = readelf_notes(tools, paths)
+    errors = {}
+    for path in map(str, paths):
+        lines = [" ".join(line.split()) for line in notes.get(path, "").splitlines()
+                 if line.strip().startswith(("Flags:", "amdhsa.target:"))]
+        if not any(line.startswith("Flags:") for line in lines):
+            errors[path] = "llvm-readelf printed no header flags"
+        elif wrong := [line for line in lines if target not in line]:
+            errors[path] = f"llvm-readelf does not say {target}: {'; '.join(wrong)}"
+    return errors

@@ -3,13 +3,15 @@ passes before it is written: on small gfx942 kernels assembled here."""
 
 from __future__ import annotations
 
+import struct
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from cdna2.__main__ import main as cdna2_main
 from cdna2.host import elf
-from cdna2.kernels import edits, isa, llvm, translate_tree
+from cdna2.kernels import edits, engine, isa, llvm, translate_tree
 from cdna2.kernels.engine import Policy
 from cdna2.kernels.relocation_proof import Expected, prove
 from cdna2.translated import ensure_translation
@@ -188,6 +190,28 @@ def test_the_moved_file_says_gfx90a_everywhere(build_code_object, llvm_tools, tm
     notes = subprocess.run([llvm_tools.tool("llvm-readelf"), "-h", "--notes", str(tmp_path / "dst" / "loop.co")],
                            capture_output=True, text=True, check=True).stdout
     assert "amdgcn-amd-amdhsa--gfx90a" in notes and "gfx942" not in notes
+
+
+@pytest.mark.parametrize("kernel", ["padded", "in place"])
+def test_a_written_kernel_that_does_not_say_gfx90a_is_an_error_and_not_left(kernel, build_code_object, tmp_path,
+                                                                             monkeypatch):
+    src = tmp_path / "src"
+    build_code_object(src / "loop.co", *LOOP)
+    retarget = elf.retarget_to_gfx90a
+
+    def retarget_note_only(data, code_object):  # the bug the check is for: the ELF header says gfx942
+        retarget(data, code_object)
+        (flags,) = struct.unpack_from("<I", data, elf.E_FLAGS_OFFSET)
+        struct.pack_into("<I", data, elf.E_FLAGS_OFFSET, (flags & ~elf.MACH_MASK) | elf.MACH_GFX942)
+
+    monkeypatch.setattr(elf, "retarget_to_gfx90a", retarget_note_only)
+    monkeypatch.setattr(engine, "_pool", ThreadPoolExecutor)  # workers in this process, where the patch holds
+    pads = {"loop.co": [edits.Pad(consumer=4, wait_states=1)]} if kernel == "padded" else {}
+    report = translate_tree(src, tmp_path / "dst", jobs=1, pads=pads)
+    entry = report["kernels"]["loop.co"]
+    assert entry["status"] == "error" and entry["reason"].startswith("proof failed: llvm-readelf does not say gfx90a: Flags: 0x54c, gfx942"), \
+        entry
+    assert not (tmp_path / "dst" / "loop.co").exists()
 
 
 def test_the_deploy_translation_follows_the_hosts_int8_k32_split(build_code_object, tmp_path):

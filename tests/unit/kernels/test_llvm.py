@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from cdna2.host import elf
 from cdna2.kernels import LlvmNotFoundError, find_llvm, llvm
 
 
@@ -41,3 +42,16 @@ def test_llvm_that_lacks_a_target_is_refused(tmp_path):
         script.write_text("#!/bin/sh\necho \"'$2' is not a recognized processor for this target\" >&2\nexit 1\n")
         script.chmod(0o755)
     assert "does not know gfx942" in llvm._why_unusable(fake_bin)
+
+
+def test_target_errors_name_each_file_that_does_not_say_the_target(build_code_object, llvm_tools, tmp_path):
+    kept = build_code_object(tmp_path / "kept.co", "v_mov_b32_e32 v0, v1")
+    moved = build_code_object(tmp_path / "moved.co", "v_mov_b32_e32 v0, v1")
+    data = bytearray(moved.read_bytes())
+    elf.retarget_to_gfx90a(data, elf.read_code_object(bytes(data)))
+    moved.write_bytes(data)
+    errors = llvm.target_errors(llvm_tools, [kept, moved], "gfx90a")
+    assert list(errors) == [str(kept)]
+    assert errors[str(kept)].startswith("llvm-readelf does not say gfx90a: Flags:")
+    assert "amdhsa.target: amdgcn-amd-amdhsa--gfx942" in errors[str(kept)]
+    assert llvm.target_errors(llvm_tools, [kept], "gfx942") == {}
