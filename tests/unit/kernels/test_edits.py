@@ -199,18 +199,18 @@ def test_a_written_kernel_that_does_not_say_gfx90a_is_an_error_and_not_left(kern
     build_code_object(src / "loop.co", *LOOP)
     retarget = elf.retarget_to_gfx90a
 
-    def retarget_note_only(data, code_object):  # the bug the check is for: the ELF header says gfx942
+    def retarget_leaving_header_gfx942(data, code_object):  # the bug the check is for: the ELF header says gfx942
         retarget(data, code_object)
         (flags,) = struct.unpack_from("<I", data, elf.E_FLAGS_OFFSET)
         struct.pack_into("<I", data, elf.E_FLAGS_OFFSET, (flags & ~elf.MACH_MASK) | elf.MACH_GFX942)
 
-    monkeypatch.setattr(elf, "retarget_to_gfx90a", retarget_note_only)
+    monkeypatch.setattr(elf, "retarget_to_gfx90a", retarget_leaving_header_gfx942)
     monkeypatch.setattr(engine, "_pool", ThreadPoolExecutor)  # workers in this process, where the patch holds
     pads = {"loop.co": [edits.Pad(consumer=4, wait_states=1)]} if kernel == "padded" else {}
     report = translate_tree(src, tmp_path / "dst", jobs=1, pads=pads)
     entry = report["kernels"]["loop.co"]
-    assert entry["status"] == "error" and entry["reason"].startswith("proof failed: llvm-readelf does not say gfx90a: Flags: 0x54c, gfx942"), \
-        entry
+    assert entry["status"] == "error", entry
+    assert entry["reason"].startswith("proof failed: llvm-readelf does not say gfx90a: Flags: 0x54c, gfx942")
     assert not (tmp_path / "dst" / "loop.co").exists()
 
 
