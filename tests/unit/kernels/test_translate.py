@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import struct
 import subprocess
@@ -156,3 +157,11 @@ def test_cli_translate_and_classify(source_tree, tmp_path, capsys):
 def test_cli_reports_unusable_input(tmp_path, capsys):
     assert cdna2_main(["translate", str(tmp_path / "nope"), str(tmp_path / "out")]) == 1
     assert "no such directory" in capsys.readouterr().err
+
+
+def test_the_pool_collects_less_in_its_workers_and_here_until_it_ends():
+    before = gc.get_threshold()
+    with engine._pool(1) as pool:
+        assert gc.get_threshold()[0] == engine.GC_THRESHOLD
+        assert pool.submit(gc.get_threshold).result()[0] == engine.GC_THRESHOLD
+    assert gc.get_threshold() == before
