@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate, compress
+from operator import ne
 
 from cdna2.host import elf
 from cdna2.kernels import isa, llvm
@@ -50,39 +52,38 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
     old_table, new_table = elf.sections(original), elf.sections(new)
     old_text = next(s for s in old_table if s.name == ".text")
     new_text = next(s for s in new_table if s.name == ".text")
-    lines = iter(listing)
-    mapped: list[int] = []
+    # Each line the listing must hold, and the address the plan puts it at; a line that is not exactly as planned
+    # (a branch, a line laid out otherwise, or a difference) is parsed for its own address, text and words.
+    planned = [want for group in groups for want in group]
+    first_line = list(accumulate(map(len, groups), initial=0))  # of each original instruction's group
+    addresses = list(accumulate((4 if want.__class__ is int else len(want.encoding) for want in planned),
+                                initial=new_text.address))
+    exact = [None if want.__class__ is int else f"{want.line_around_address[0]}{address:012X}"
+             f"{want.line_around_address[1]}" for want, address in zip(planned, addresses)]
+    group_of = None  # line -> original instruction, made when a line must be named
     branches: list[tuple[int, str, int, int]] = []  # (address, mnemonic, encoded offset, original target index)
-    address = new_text.address  # where the next line is expected; a line found elsewhere is parsed for its own
-    for index, group in enumerate(groups):
-        for position, want in enumerate(group):
-            line = next(lines, None)
-            if line is None:
-                return f"the listing ends inside the group of original instruction {index}"
-            if not isinstance(want, int):
-                head, tail = want.line_around_address
-                if line == f"{head}{address:012X}{tail}":  # exactly what the check below accepts, spelt by objdump
-                    if position == 0:
-                        mapped.append(address - new_text.address)
-                    address += len(want.encoding)
-                    continue
-            text, _, location = line.rpartition("// ")
-            address_text, _, words = location.partition(": ")
-            words = words.split("<", 1)[0].strip()  # objdump may name a branch target after the words: <sym+0x14>
-            address = int(address_text, 16)
-            if position == 0:
-                mapped.append(address - new_text.address)
-            if isinstance(want, int):
-                found = isa.branch_of(_words(words))
-                if found is None:
-                    return (f"{address:#x}: {text.strip()!r} stands where original instruction {index}, a branch, "
-                            "belongs")
-                branches.append((address, found[0], found[1], want))
-            elif text.strip() != want.text.strip() or words != llvm.objdump_words(want.encoding):
-                return f"{address:#x}: expected {want.text!r} ({want.encoding.hex()}), found {text.strip()!r} ({words})"
-            address += 4 * len(words.split())
-    if (extra := next(lines, None)) is not None:
-        return f"the listing has more instructions than planned, from {extra.strip()!r}"
+    for position in compress(range(len(listing)), map(ne, listing, exact)):  # (map stops at the shorter)
+        if group_of is None:
+            group_of = [index for index, group in enumerate(groups) for _ in group]
+        line, want, index = listing[position], planned[position], group_of[position]
+        text, _, location = line.rpartition("// ")
+        address_text, _, words = location.partition(": ")
+        words = words.split("<", 1)[0].strip()  # objdump may name a branch target after the words: <sym+0x14>
+        address = addresses[position] = int(address_text, 16)
+        if isinstance(want, int):
+            found = isa.branch_of(_words(words))
+            if found is None:
+                return (f"{address:#x}: {text.strip()!r} stands where original instruction {index}, a branch, "
+                        "belongs")
+            branches.append((address, found[0], found[1], want))
+        elif text.strip() != want.text.strip() or words != llvm.objdump_words(want.encoding):
+            return f"{address:#x}: expected {want.text!r} ({want.encoding.hex()}), found {text.strip()!r} ({words})"
+    if len(listing) < len(planned):
+        index = next(i for i in range(len(groups)) if first_line[i + 1] > len(listing))
+        return f"the listing ends inside the group of original instruction {index}"
+    if len(listing) > len(planned):
+        return f"the listing has more instructions than planned, from {listing[len(planned)].strip()!r}"
+    mapped = [addresses[line] - new_text.address for line in first_line[:-1]]
     mapped.append(new_text.size)
     old_instructions = isa.split_instructions(original[old_text.offset:old_text.offset + old_text.size])
     branch_of = {chunk: isa.branch_of(chunk) for chunk in set(old_instructions)}
