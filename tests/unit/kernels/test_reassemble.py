@@ -1,7 +1,7 @@
 """The re-assembly stage: code object -> assembly source -> llvm-mc + ld.lld -> the original's linker facts restored.
 
 With no edit the output must be the input, byte for byte: on small kernels built here, and on every kernel of the
-amd-aiter 0.1.7.post2.dev18 tree (PyPI) and of AITER v0.1.19's hsa/gfx942 (git history).
+amd-aiter 0.1.7.post2.dev18 tree (PyPI) and of AITER v0.1.19's and v0.1.20.post1's hsa/gfx942 (git history).
 """
 
 from __future__ import annotations
@@ -99,3 +99,9 @@ def test_every_kernel_of_amd_aiter_0_1_7_round_trips_byte_identical(llvm_tools, 
 @pytest.mark.slow
 def test_every_kernel_of_aiter_v0_1_19_round_trips_byte_identical(llvm_tools, tmp_path):
     assert_tree_round_trips(aiter_git_tree("v0.1.19"), llvm_tools, tmp_path, expected_kernels=1425)
+
+
+@pytest.mark.slow
+def test_every_kernel_of_aiter_v0_1_20_post1_round_trips_byte_identical(llvm_tools, tmp_path):
+    # The newest tag; main's hsa/gfx942 (the mirror's snapshot of 2026-08-22) is the same tree.
+    assert_tree_round_trips(aiter_git_tree("v0.1.20.post1"), llvm_tools, tmp_path, expected_kernels=1432)
