@@ -273,7 +273,8 @@ def _balanced(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
 
 # A translation keeps millions of small objects alive until it ends (instruction tables, listings, audits), so with
 # Python's default first-generation threshold (700) the cyclic collector ran about 1,700 times in a cold run of the
-# 0.1.7 tree, for 0.55 CPU-s, and found next to nothing to free; at 100,000 it costs about 0.1 CPU-s (gc.callbacks).
+# 0.1.7 tree, for 0.55 CPU-s, and found next to nothing to free; at 100,000 it costs 0.17 CPU-s (gc.callbacks), most
+# of it in the parent after the pool.
 GC_THRESHOLD = 100_000
 
 

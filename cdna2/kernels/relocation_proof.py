@@ -13,6 +13,7 @@ Checked from the written file alone (its llvm-objdump listing and its ELF tables
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate, compress
@@ -60,12 +61,9 @@ def prove(original: bytes, new: bytes, listing: list[str], groups: list[list[Exp
                                 initial=new_text.address))
     exact = [None if want.__class__ is int else f"{want.line_around_address[0]}{address:012X}"
              f"{want.line_around_address[1]}" for want, address in zip(planned, addresses)]
-    group_of = None  # line -> original instruction, made when a line must be named
     branches: list[tuple[int, str, int, int]] = []  # (address, mnemonic, encoded offset, original target index)
     for position in compress(range(len(listing)), map(ne, listing, exact)):  # (map stops at the shorter)
-        if group_of is None:
-            group_of = [index for index, group in enumerate(groups) for _ in group]
-        line, want, index = listing[position], planned[position], group_of[position]
+        line, want, index = listing[position], planned[position], bisect_right(first_line, position) - 1
         text, _, location = line.rpartition("// ")
         address_text, _, words = location.partition(": ")
         words = words.split("<", 1)[0].strip()  # objdump may name a branch target after the words: <sym+0x14>

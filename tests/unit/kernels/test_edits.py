@@ -157,7 +157,11 @@ def test_the_proof_catches_a_listing_that_is_not_the_plan(padded):
                                                                 + groups[1][1:] if i == 1 else g
                                                                 for i, g in enumerate(groups)])
     assert "more instructions than planned" in prove(original, new, lines, groups[:-1])
-    assert "ends inside" in prove(original, new, lines[:-1], groups)
+    assert prove(original, new, lines[:-1], groups) == (
+        f"the listing ends inside the group of original instruction {len(groups) - 1}")
+    # Original instruction 2 (s_sub) is the fourth line: the padded group of instruction 1 holds two.
+    not_a_branch = [g if i != 2 else [5] for i, g in enumerate(groups)]
+    assert "stands where original instruction 2, a branch, belongs" in prove(original, new, lines, not_a_branch)
 
 
 def test_the_proof_catches_a_branch_landing_elsewhere(padded):
