@@ -27,7 +27,8 @@ def agent_command(target_python: str, state_dir: str, module: str, *args: str) -
     """
     return StringCommand(
         "env", QuoteString(f"PYTHONPATH={agent_dir(state_dir)}"), QuoteString(f"CDNA2_RUN={RUN}"),
-        QuoteString(target_python), "-B", "-m", QuoteString(f"cdna2.host.{module}"), *(QuoteString(arg) for arg in args),
+        QuoteString(target_python), "-B", "-m", QuoteString(f"cdna2.host.{module}"),
+        *(QuoteString(arg) for arg in args),
     )
 
 
@@ -81,7 +82,8 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
         "rm", "-rf", QuoteString(staging), "&&", "mkdir", QuoteString(staging),
         "&&", "tar", "-xzf", QuoteString(remote_archive), "-C", QuoteString(staging),
         "&&", "rm", "-rf", QuoteString(f"{target}.old"),
-        "&&", "{", "[", "!", "-e", QuoteString(target), "]", "||", "mv", QuoteString(target), QuoteString(f"{target}.old"), ";", "}",
+        "&&", "{", "[", "!", "-e", QuoteString(target), "]", "||",
+        "mv", QuoteString(target), QuoteString(f"{target}.old"), ";", "}",
         "&&", "mv", QuoteString(staging), QuoteString(target),
         "&&", "rm", "-rf", QuoteString(f"{target}.old"), QuoteString(remote_archive),
         "&&", QuoteString(target_python), "-m", "compileall", "-q", QuoteString(target),

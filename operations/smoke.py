@@ -91,7 +91,8 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                 for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
     summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
                f"{result['skipped']} skipped")
-    gpu_skips = [check["detail"] for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
+    gpu_skips = [check["detail"] for check in result["checks"]
+                 if check["kind"] == "gpu" and check["status"] == "skipped"]
     if gpu_skips:
         summary += f" (GPU checks {gpu_skips[0]})"
     report.step(host.name, "smoke", FAILED if bad else "ok", summary)

@@ -197,7 +197,8 @@ def _back_up_originals(backup_dir: Path, root: Path, state: dict, changes: list[
         if change["expected_sha256"] is None:
             state["files"][path] = {"original_sha256": None, "patched_sha256": None}
             continue
-        write_file_atomically(_inside(backup_dir / ORIGINALS, path), target.read_bytes(), mode=target.stat().st_mode & 0o7777)
+        write_file_atomically(_inside(backup_dir / ORIGINALS, path), target.read_bytes(),
+                              mode=target.stat().st_mode & 0o7777)
         state["files"][path] = {"original_sha256": change["expected_sha256"], "patched_sha256": None}
     _write_json(backup_dir / STATE, state)
 
@@ -211,7 +212,8 @@ def apply(manifest: dict) -> dict:
         changes = manifest["changes"]
         _verify_manifest(root, changes)
         _back_up_originals(backup_dir, root, state, changes)
-        state["jit_invalidations"] = sorted(set(state["jit_invalidations"]) | set(manifest.get("jit_invalidations", [])))
+        state["jit_invalidations"] = sorted(set(state["jit_invalidations"])
+                                            | set(manifest.get("jit_invalidations", [])))
         _write_json(backup_dir / STATE, state)
         for change in changes:  # the new file keeps the mode of the one it replaces (an added one: 0644)
             target = _inside(root, change["path"])
@@ -253,7 +255,8 @@ def revert(backup_dir: Path, root: Path) -> dict:
                 continue
             if current != hashes["patched_sha256"]:
                 raise TxnError(f"{target}: sha256 {current} is neither the original nor our patched state; it was "
-                               f"edited after patching: refusing to overwrite it (restore it by hand or reinstall)", path)
+                               "edited after patching: refusing to overwrite it (restore it by hand or reinstall)",
+                               path)
             if hashes["original_sha256"] is None:  # added by this tool: removed
                 entries.append({"path": path, "staged": None, "old_sha256": current, "new_sha256": None})
                 continue

@@ -85,7 +85,8 @@ def _family(relpath: str) -> str:
 # --- stage 1: scan (runs in worker processes) -----------------------------------------------------------------------
 
 def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[tuple[str, str, object]]]:
-    """Per file: ("ok", array of indices into the batch's table of distinct instructions) or ("error"/"skipped", why)."""
+    """Per file: ("ok", array of indices into the batch's table of distinct instructions) or ("error"/"skipped",
+    why)."""
     # A chunk met for the first time gets the next index from the dict's own factory: no Python-level loop runs per
     # chunk, and the dict's order is the table's.
     index_of: defaultdict[bytes, int] = defaultdict(count().__next__)

@@ -167,8 +167,8 @@ def _run(args: argparse.Namespace) -> int:
         return _port(catalog, args)
     unknown = sorted(set(args.sets) - set(catalog.optional_sets()))
     if unknown:
-        print(f"--set {', '.join(unknown)}: not an optional patch set; choose from {', '.join(catalog.optional_sets())}",
-              file=sys.stderr)
+        print(f"--set {', '.join(unknown)}: not an optional patch set; choose from "
+              f"{', '.join(catalog.optional_sets())}", file=sys.stderr)
         return 2
     report = {"site_packages": str(args.site_packages), "action": args.action, "packages": []}
     failed = False

@@ -4,7 +4,8 @@ A site's anchor is compared with the installed file as *code*: Python line by li
 comments, blank lines, NL/NEWLINE tokens and trailing whitespace (indentation of each line still counts, and so
 does where a code line breaks); C/C++ token by token without comments and whitespace, line breaks included. Blank
 and comment-only lines are not code, so they may differ or be added or removed; a changed token, or in Python a
-changed indentation or line break, is a mismatch. ``match: text`` sites (anchors that start or end inside a string literal) compare bytes.
+changed indentation or line break, is a mismatch. ``match: text`` sites (anchors that start or end inside a string
+literal) compare bytes.
 
 Splicing keeps the installed text around each site: the lines the anchor and the replacement share at their start
 and end stay as installed, and only the lines in between are rewritten. Undoing a patched site is the same splice

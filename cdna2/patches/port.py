@@ -2,10 +2,10 @@
 
 The closest variant (most sites matching as they are) is the model. A site that still matches is copied. Any other
 is placed by the code around it: the window of code lines in the new file most like the site's anchor (difflib
-ratio over the lines' tokens, weighted by the names they share) becomes the new anchor, verbatim from the installed file, and the site's change (the
-lines its replacement adds, drops or rewrites) is carried onto it. What cannot be placed, or where the lines the
-change rewrites differ upstream, is listed for review. Nothing is written into any package: the draft is YAML text
-a person reviews and adds to the set's file.
+ratio over the lines' tokens, weighted by the names they share) becomes the new anchor, verbatim from the installed
+file, and the site's change (the lines its replacement adds, drops or rewrites) is carried onto it. What cannot be
+placed, or where the lines the change rewrites differ upstream, is listed for review. Nothing is written into any
+package: the draft is YAML text a person reviews and adds to the set's file.
 """
 
 from __future__ import annotations
