@@ -27,7 +27,7 @@ from stat import S_ISREG
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # collections.abc imports collections: annotations only
-    from collections.abc import Callable, Collection
+    from collections.abc import Callable, Collection, Iterator
 
 PROBE_FORMAT = 3
 
@@ -242,19 +242,24 @@ def tree_digest(root: str | os.PathLike, hash_field: Callable[[bytes], str] = re
     ``read_develop_aiter`` computes from the blob ids of a checkout's git HEAD instead.
     """
     entries = []
+    # Bytecode caches are derived from the sources beside them, and RECORD lists them without a hash.
+    for relative, path in regular_files(root, skip_dirs=("__pycache__",)):
+        with open(path, "rb") as stream:
+            data = stream.read()
+        entries.append((relative, hash_field(data), str(len(data))))
+    return _digest_of_entries(entries)
+
+
+def regular_files(root: str | os.PathLike, skip_dirs: Collection[str] = ()) -> Iterator[tuple[str, str]]:
+    """(path relative to ``root``, "/"-separated; the full path) of every regular file under ``root`` (a symlink to
+    one included), in os.walk order with subdirectories sorted, directories named in ``skip_dirs`` left out."""
     for directory, subdirs, files in os.walk(root):
-        # Bytecode caches are derived from the sources beside them, and RECORD lists them without a hash.
-        subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+        subdirs[:] = sorted(d for d in subdirs if d not in skip_dirs)
         relative_dir = os.path.relpath(directory, root)
         for file_name in files:
             path = os.path.join(directory, file_name)
-            if not os.path.isfile(path):
-                continue
-            with open(path, "rb") as stream:
-                data = stream.read()
-            relative = file_name if relative_dir == "." else f"{relative_dir}/{file_name}"
-            entries.append((relative, hash_field(data), str(len(data))))
-    return _digest_of_entries(entries)
+            if os.path.isfile(path):
+                yield (file_name if relative_dir == "." else f"{relative_dir}/{file_name}"), path
 
 
 def _lines_starting_with(text: str, prefix: str) -> dict[int, str]:
