@@ -36,6 +36,7 @@ import shutil
 import sys
 import time
 from array import array
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from itertools import count, zip_longest
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -199,7 +200,9 @@ class Analysis:
         self.shortfalls: dict[str, dict[int, int]] = {}  # relpath of a short kernel -> KernelAudit.shortfalls
         self.durations: dict[str, float] = {}
         self._blocking_ids: dict[str, set[int]] = {}
-        self._blocker_rank: dict[int, int] | None = None
+        self._blocker_keys: list[int] | None = None  # gid -> its key, see blockers_by_bucket
+        self._blockers_by_text: list[int] = []
+        self._bucket_names: list[str] = []
 
     def blocking_ids(self, relpath: str) -> set[int]:
         """The ids of the kernel's blocking instructions, once judged (asked for several times per kernel)."""
@@ -208,13 +211,27 @@ class Analysis:
             self._blocking_ids[relpath] = self.blocking.intersection(self.files[relpath][1])
         return self._blocking_ids[relpath]
 
-    def blockers(self, relpath: str) -> list[int]:
-        """The kernel's blocking ids in the order of their texts (every blocker ranked once: 1,100 kernels hold
-        460,000 blockers between them)."""
-        if self._blocker_rank is None:
+    def blockers_by_bucket(self, relpath: str, limit: int) -> tuple[dict[str, int], dict[str, list[int]]]:
+        """The kernel's blocking ids per bucket: how many, and the first `limit` of each in the order of their texts,
+        the buckets in the order of their first id. 1,100 kernels hold 460,000 blockers between them, so each
+        blocker gets one integer key once, bucket first and text rank second: a kernel's keys sort as plain
+        integers and its buckets are runs of them, with no Python code per blocker."""
+        if self._blocker_keys is None:
             by_text = sorted(self.blocking, key=lambda g: self.texts[g] or "")
-            self._blocker_rank = {gid: rank for rank, gid in enumerate(by_text)}
-        return sorted(self.blocking_ids(relpath), key=self._blocker_rank.__getitem__)
+            bucket_index = {bucket: index for index, bucket in enumerate(sorted(set(self.buckets.values())))}
+            self._blocker_keys = [0] * len(self.chunks)  # a list: indexed faster than a dict
+            for rank, gid in enumerate(by_text):
+                self._blocker_keys[gid] = bucket_index[self.buckets[gid]] * len(by_text) + rank
+            self._blockers_by_text, self._bucket_names = by_text, list(bucket_index)
+        keys = sorted(map(self._blocker_keys.__getitem__, self.blocking_ids(relpath)))
+        stride, runs = len(self._blockers_by_text), []
+        for index, bucket in enumerate(self._bucket_names):
+            start, end = bisect_left(keys, index * stride), bisect_left(keys, (index + 1) * stride)
+            if end > start:
+                runs.append((keys[start] - index * stride, bucket, end - start,
+                             [self._blockers_by_text[key - index * stride] for key in keys[start:min(end, start + limit)]]))
+        runs.sort()  # by the text rank of each bucket's first blocker
+        return ({bucket: size for _, bucket, size, _ in runs}, {bucket: first for _, bucket, _, first in runs})
 
     def _expected_of(self, gids: set[int]) -> dict[bytes, Expected]:
         """Each passing instruction among `gids`, as gfx90a must print and encode it. Each is made, and its objdump
@@ -408,23 +425,19 @@ def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
     if kind != "ok":
         entry.update(status=kind, reason=payload)
         return entry
-    blockers = analysis.blockers(relpath)
-    if not blockers:
+    counts, first = analysis.blockers_by_bucket(relpath, MAX_BLOCKERS_LISTED)
+    if not counts:
         entry.update(status="portable", hazards=analysis.audits[relpath])
         return entry
-    by_bucket: dict[str, list[int]] = {}
-    for gid in blockers:
-        by_bucket.setdefault(analysis.buckets[gid], []).append(gid)
     # Round-robin over the buckets, so every reason a kernel is blocked shows among the listed examples.
-    examples = [gid for rank in zip_longest(*by_bucket.values()) for gid in rank if gid is not None]
+    examples = [gid for rank in zip_longest(*first.values()) for gid in rank if gid is not None]
     listed = []
     for gid in examples[:MAX_BLOCKERS_LISTED]:
         text = analysis.texts[gid]
         listed.append({"instruction": text if text is not None else analysis.chunks[gid].hex(),
                        "bucket": analysis.buckets[gid], "reason": analysis.reasons[gid]})
-    buckets = {bucket: len(gids) for bucket, gids in by_bucket.items()}
-    entry.update(status="blocked", blocking_instructions=len(blockers), blockers=listed,
-                 buckets=dict(sorted(buckets.items())))
+    entry.update(status="blocked", blocking_instructions=sum(counts.values()), blockers=listed,
+                 buckets=dict(sorted(counts.items())))
     if analysis.split_unlocks(relpath):
         entry["unlocked_by"] = "int8_k32_split"
     return entry
