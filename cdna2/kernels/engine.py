@@ -3,10 +3,11 @@
 Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
 1. scan: every .co is parsed and its .text cut into instructions (worker processes); distinct byte strings are
    collected across the tree;
-2. decode: LLVM decodes each distinct instruction for gfx942 (it must consume exactly the bytes given);
-3. judge: each text gets its gfx90a spelling (isa.RENAMES, checked against gfx942 as an alias) and is assembled for
-   gfx90a; an instruction passes when it assembles to an encoding of the original length; each int8 K=32 MFMA
-   gets its two gfx90a halves (split.py), assembled, and decoded back by LLVM when the split is on;
+2. decode and 3. judge (judge.py, worker processes, in batches queued as the scan finds new instructions): LLVM
+   decodes each distinct instruction for gfx942 (it must consume exactly the bytes given); each text gets its
+   gfx90a spelling (isa.RENAMES, checked against gfx942 as an alias) and is assembled for gfx90a; an instruction
+   passes when it assembles to an encoding of the original length; each int8 K=32 MFMA gets its two gfx90a halves
+   (split.py), assembled, and decoded back by LLVM when the split is on;
 4. audit: each kernel whose every instruction passes gets its MFMA wait states audited under gfx90a's rules
    (cdna2.kernels.hazards, worker processes); the kernel hazard policy decides which of them are installed;
 5. plan: a portable kernel with short MFMA edges (when pad_mfma_hazards) or with pads asked for, and a kernel whose
@@ -38,7 +39,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from itertools import count, zip_longest
+from itertools import compress, count, zip_longest
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from functools import lru_cache
@@ -49,7 +50,7 @@ from typing import Callable, Iterator
 from cdna2.cache import code_digest
 from cdna2.host.probe import regular_files, tree_digest
 from cdna2.host import elf, manifest
-from cdna2.kernels import edits, hazards, isa, llvm, reassemble, relocation_proof, split
+from cdna2.kernels import edits, hazards, isa, judge, llvm, reassemble, relocation_proof, split
 from cdna2.kernels.relocation_proof import Expected
 
 # Bump whenever the bytes written for the same input may change (rename table, patching, manifest rules).
@@ -188,9 +189,9 @@ class Analysis:
         self.files: dict[str, tuple[str, object]] = {}  # relpath -> ("ok", gid array) | ("error"/"skipped", why)
         self.chunks: list[bytes] = []  # gid -> distinct instruction bytes
         self.texts: list[str | None] = []  # gid -> gfx942 text (None: LLVM does not decode it)
-        self.gfx90a_texts: list[str | None] = []  # gid -> its gfx90a spelling (isa.rename of the text), once judged
+        self.gfx90a_texts: list[str | None] = []  # gid -> its gfx90a spelling (isa.rename of the text)
         self.reasons: dict[int, str] = {}  # gid -> why it blocks
-        self.blocking: set[int] = set()  # the keys of reasons, once judged
+        self.blocking: set[int] = set()  # the keys of reasons
         self.buckets: dict[int, str] = {}  # gid -> bucket of a blocking instruction
         self.encodings: dict[int, bytes] = {}  # gid -> its gfx90a bytes, when it passes
         self._expected: dict[int, Expected] = {}  # gid of a passing instruction -> it, once a written kernel asks
@@ -261,7 +262,8 @@ class Analysis:
         return bool(blockers) and blockers <= self.splittable
 
     def is_portable(self, relpath: str) -> bool:
-        return self.files[relpath][0] == "ok" and not self.blocking_ids(relpath)
+        # isdisjoint stops at the file's first blocker, which a blocked file mostly has among its first ids
+        return self.files[relpath][0] == "ok" and self.blocking.isdisjoint(self.files[relpath][1])
 
     def portable(self) -> list[str]:
         return [relpath for relpath in self.files if self.is_portable(relpath)]
@@ -272,6 +274,22 @@ class Analysis:
             self.audits[relpath] = audit
             if shortfalls:
                 self.shortfalls[relpath] = shortfalls
+
+    def add_verdicts(self, verdicts: judge.Verdicts) -> None:
+        """What judge.judge_batch found for the next len(verdicts.texts) gids."""
+        first = len(self.texts)
+
+        def shifted(by_index: dict) -> Iterator:
+            return zip(map(first.__add__, by_index), by_index.values())
+
+        self.texts += verdicts.texts
+        self.gfx90a_texts += verdicts.gfx90a_texts
+        self.encodings.update(shifted(verdicts.encodings))
+        self.reasons.update(shifted(verdicts.reasons))
+        self.blocking.update(map(first.__add__, verdicts.reasons))
+        self.buckets.update(shifted(verdicts.buckets))
+        self.splittable.update(map(first.__add__, verdicts.splittable))
+        self.halves.update(shifted(verdicts.halves))
 
     def gfx90a_texts_for(self, relpaths: list[str]) -> dict[bytes, str]:
         gids = set().union(*(self.files[relpath][1] for relpath in relpaths))
@@ -294,6 +312,9 @@ def _balanced(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
 # 0.1.7 tree, for 0.55 CPU-s, and found next to nothing to free; at 100,000 it costs 0.17 CPU-s (gc.callbacks), most
 # of it in the parent after the pool.
 GC_THRESHOLD = 100_000
+# Distinct instructions per judge task: 4 or 5 tasks for the 0.1.7 tree's 96,000, enough to keep both cores busy
+# to the end; each task starts llvm-mc three times (about 20 ms each).
+JUDGE_BATCH = 24_000
 
 
 def _collect_less() -> None:
@@ -317,28 +338,44 @@ def _pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
 def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
              progress: Progress, audit: bool = True, decode_splits: bool = False) -> Analysis:
     """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing); `decode_splits`
-    when split kernels are to be written (their proof needs the halves' text as LLVM prints it)."""
+    when split kernels are to be written (their proof needs the halves' text as LLVM prints it). The judge's
+    batches are queued as the scan finds new instructions, so they fill the scan's last moments."""
     analysis = Analysis()
     started = time.monotonic()
-    progress(f"scanning {len(kernels)} code objects with {jobs} processes")
+    progress(f"scanning {len(kernels)} code objects with {jobs} processes, judging their distinct instructions for "
+             "gfx90a as they are found")
     gid_of: defaultdict[bytes, int] = defaultdict(count().__next__)  # as in _scan_batch: the order is the gids'
     groups = _balanced(src, kernels, jobs * 4)
+    judged: list[Future] = []
+    pending: list[bytes] = []  # found, not yet queued to be judged
+
+    def queue(at_least: int) -> None:
+        while pending and len(pending) >= at_least:
+            judged.append(pool.submit(judge.judge_batch, tools, pending[:JUDGE_BATCH], decode_splits))
+            del pending[:JUDGE_BATCH]
+
     for table, results in pool.map(_scan_batch, [str(src)] * len(groups), groups):
+        known = len(gid_of)
         local = list(map(gid_of.__getitem__, table))
         for relpath, kind, payload in results:
             analysis.files[relpath] = (kind, array("I", map(local.__getitem__, payload)) if kind == "ok" else payload)
+        pending += compress(table, map(known.__le__, local))  # the new ones, in the order of their gids
+        queue(JUDGE_BATCH)
+    queue(1)
     analysis.chunks = list(gid_of)
     analysis.durations["scan"] = time.monotonic() - started
 
     started = time.monotonic()
-    progress(f"decoding {len(analysis.chunks)} distinct instructions for gfx942")
-    analysis.texts = llvm.decode(tools, analysis.chunks, "gfx942", jobs)
-    analysis.durations["decode"] = time.monotonic() - started
-
-    started = time.monotonic()
-    _judge(analysis, tools, jobs, progress, decode_splits)
-    analysis.blocking = set(analysis.reasons)
-    analysis.durations["assemble"] = time.monotonic() - started
+    assembled: Counter[str] = Counter()
+    for future in judged:  # merged in gid order, each as soon as it is back
+        verdicts = future.result()
+        analysis.add_verdicts(verdicts)
+        assembled.update(texts=verdicts.assembled, halves=verdicts.halves_assembled, renamed=verdicts.renamed)
+    analysis.durations["judge"] = time.monotonic() - started
+    progress(f"judged {len(analysis.chunks)} distinct instructions in {len(judged)} batches: "
+             f"{len(analysis.encodings)} pass on gfx90a, {len(analysis.blocking)} block; assembled "
+             f"{assembled['texts']} distinct texts for gfx90a ({assembled['halves']} of them halves of int8 K=32 "
+             f"MFMAs), {assembled['renamed']} renamed ones for gfx942")
 
     if audit:
         started = time.monotonic()
@@ -354,69 +391,6 @@ def _audit(analysis: Analysis, src: Path, jobs: int, pool: ProcessPoolExecutor, 
     for batch in pool.map(hazards.audit_batch, [str(src)] * len(groups), groups,
                           [analysis.gfx90a_texts_for(group) for group in groups], ["gfx90a"] * len(groups)):
         analysis.add_audits(batch)
-
-
-_INT8_K32_PATTERN = dict(isa.BUCKETS)[isa.INT8_K32]
-
-
-def _judge(analysis: Analysis, tools: llvm.LlvmTools, jobs: int, progress: Progress, decode_splits: bool) -> None:
-    targets = analysis.gfx90a_texts = [isa.rename(text) if text is not None else None for text in analysis.texts]
-    # The split of every int8 K=32 MFMA is planned before anything is assembled, so that its halves go to llvm-mc in
-    # the same runs as the rest (every such MFMA blocks on gfx90a, where it does not exist).
-    splits = {gid: split.split_int8_k32(text) for gid, text in enumerate(analysis.texts)
-              if text is not None and _INT8_K32_PATTERN.search(text)}
-    halves = {half for pair, _ in splits.values() if pair for half in pair}
-    gfx90a_texts = sorted({target for target in targets if target is not None} | halves)
-    # A rename is used only where gfx942 itself encodes the gfx90a spelling to the original bytes.
-    renamed = sorted({target for target, text in zip(targets, analysis.texts) if target != text})
-    progress(f"assembling {len(gfx90a_texts)} distinct instruction texts for gfx90a ({len(halves)} of them halves "
-             f"of int8 K=32 MFMAs), {len(renamed)} renamed ones for gfx942")
-    assembled, aliases = (dict(zip(texts, results)) for texts, results in zip(
-        (gfx90a_texts, renamed), llvm.assemble_sets(tools, [(gfx90a_texts, "gfx90a"), (renamed, "gfx942")], jobs)))
-    for gid, (chunk, text, target) in enumerate(zip(analysis.chunks, analysis.texts, targets)):
-        if text is None:
-            analysis.reasons[gid] = "LLVM does not decode these bytes as one gfx942 instruction"
-            continue
-        encoding, error = assembled[target]
-        if encoding is None:
-            analysis.reasons[gid] = f"not valid gfx90a: {error}"
-        elif len(encoding) != len(chunk):
-            analysis.reasons[gid] = f"gfx90a encoding is {len(encoding)} bytes, the original {len(chunk)}"
-        elif target != text and aliases[target][0] != chunk:
-            analysis.reasons[gid] = f"{isa.mnemonic(target)} is not the same gfx942 instruction as {isa.mnemonic(text)}"
-        else:
-            analysis.encodings[gid] = encoding
-    analysis.buckets = {gid: isa.bucket_of(analysis.texts[gid] or "") for gid in analysis.reasons}
-    _judge_splits(analysis, splits, assembled, tools, jobs, decode_splits)
-
-
-def _judge_splits(analysis: Analysis, splits: dict[int, tuple[tuple[str, str] | None, str | None]],
-                  assembled: dict[str, tuple[bytes | None, str | None]], tools: llvm.LlvmTools, jobs: int,
-                  decode: bool) -> None:
-    """Which blocking int8 K=32 MFMAs the split rule handles with halves that assemble for gfx90a (`assembled`; a
-    split that does not assemble leaves its kernel blocked) and, with `decode`, their halves decoded back by LLVM:
-    the decoded text is what objdump prints for them, which only the proof of a written split kernel needs (so a
-    translation without the split, or classify, spends no decode on them)."""
-    planned = {}
-    for gid, bucket in analysis.buckets.items():
-        if bucket == isa.INT8_K32:
-            pair, why = splits[gid]
-            if pair is None:
-                analysis.reasons[gid] = f"{analysis.reasons[gid]}; {why}"
-            else:
-                planned[gid] = pair
-    texts = sorted({text for pair in planned.values() for text in pair})
-    decodable = [assembled[t][0] for t in texts if assembled[t][0] is not None] if decode else []
-    printed = dict(zip(decodable, llvm.decode(tools, decodable, "gfx90a", jobs))) if decodable else {}
-    for gid, pair in planned.items():
-        encoded = [assembled[t][0] for t in pair]
-        back = [printed.get(encoding) for encoding in encoded] if decode else []
-        if None not in encoded and None not in back:
-            analysis.splittable.add(gid)
-            if decode:
-                analysis.halves[gid] = tuple(Expected(text, encoding) for encoding, text in zip(encoded, back))
-        else:
-            analysis.reasons[gid] += f"; its split does not assemble for gfx90a: {assembled[pair[0]][1]}"
 
 
 def _kernel_entry(analysis: Analysis, relpath: str) -> dict:
@@ -648,8 +622,8 @@ class Policy:
 
 @lru_cache(maxsize=1)
 def _engine_code_digest() -> str:
-    return code_digest((sys.modules[__name__], edits, hazards, isa, llvm, split, reassemble, relocation_proof, elf,
-                        manifest))
+    return code_digest((sys.modules[__name__], edits, hazards, isa, judge, llvm, split, reassemble, relocation_proof,
+                        elf, manifest))
 
 
 def cache_key(src_digest: str, tools: llvm.LlvmTools, policy: Policy = Policy(),
@@ -725,6 +699,12 @@ def _route(relpath: str, audit: dict, policy: Policy, pads: dict[str, list[edits
     return "in place" if hazards.installs(policy.hazards, audit["verdict"]) else "withheld"
 
 
+def _split_unlocks(analysis: Analysis) -> list[str]:
+    """The kernels whose every blocker the int8 K=32 split handles."""
+    return sorted(relpath for relpath, (kind, _) in analysis.files.items()
+                  if kind == "ok" and analysis.split_unlocks(relpath))
+
+
 def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked: list[str], policy: Policy,
                           pads: dict[str, list[edits.Pad]], tools: llvm.LlvmTools, jobs: int,
                           pool: ProcessPoolExecutor, progress: Progress, meanwhile: Callable[[], dict]
@@ -751,7 +731,7 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
     moves = [move(group) for group in _balanced(src, unlocked, jobs * 4)]
     done_meanwhile = meanwhile()
     writes, routes = [], {}
-    for future in as_completed(audits):
+    for done, future in enumerate(as_completed(audits), 1):
         batch = future.result()
         analysis.add_audits(batch)
         routed = {relpath: _route(relpath, audit, policy, pads) for relpath, audit, _ in batch}
@@ -759,8 +739,10 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
         if in_place := sorted(relpath for relpath, route in routed.items() if route == "in place"):
             writes.append(pool.submit(_write_batch, tools, str(src), str(staging), in_place,
                                       analysis.expected_for(in_place)))
-        moves += [move(group) for group in _balanced(src, [r for r, route in routed.items() if route == "move"],
-                                                    jobs)]
+        # The last audit's kernels to re-assemble are the pool's last tasks: one per task (each about 0.1 s, against
+        # 0.4 s for a batch), so that the workers end together.
+        to_move = [relpath for relpath, route in routed.items() if route == "move"]
+        moves += [move(group) for group in _balanced(src, to_move, jobs if done < len(audits) else len(to_move))]
     analysis.durations["audit"] = time.monotonic() - started
     outcomes = {relpath: (patched, error) for future in writes for relpath, patched, error in future.result()}
     moved = {result.relpath: result for future in moves for result in future.result()}
@@ -831,11 +813,10 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False,
                                 decode_splits=policy.int8_k32_split)
             staging.mkdir()
-            unlocked = sorted(relpath for relpath, (kind, _) in analysis.files.items()
-                              if kind == "ok" and analysis.split_unlocks(relpath))
+            unlocked = _split_unlocks(analysis) if policy.int8_k32_split else []
             audit_started = time.monotonic()
             routes, outcomes, moved, not_portable = _audit_write_and_move(
-                src, staging, analysis, unlocked if policy.int8_k32_split else [], policy, pads, tools, jobs, pool,
+                src, staging, analysis, unlocked, policy, pads, tools, jobs, pool,
                 progress, lambda: {r: _kernel_entry(analysis, r) for r in kernel_paths if not analysis.is_portable(r)})
             # From the last audit's return: the writing and proving that had not finished by then.
             analysis.durations["write_and_prove"] = time.monotonic() - audit_started - analysis.durations["audit"]
@@ -859,6 +840,8 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
         written = {relpath for relpath, entry in kernels.items() if entry["status"] == "written"}
         manifests, carried = _write_manifests(src, staging, others, set(kernel_paths), written)
         _check_postcondition(staging, manifests, dst)
+        if not policy.int8_k32_split:  # what it would unlock, found now: the blockers were listed meanwhile
+            unlocked = _split_unlocks(analysis)
         split_report = {"enabled": policy.int8_k32_split, "kernels_unlocked": len(unlocked),
                         "written": len(set(unlocked) & written)}
         if not policy.int8_k32_split:

@@ -1,7 +1,7 @@
 """The LLVM tools the translator drives: discovery, and batched disassembly, assembly and objdump listings.
 
-Every call takes many instructions or files at once (one process per batch, batches run in parallel threads),
-because starting llvm-mc per instruction is what made earlier tools take minutes.
+Every call takes many instructions or files at once, in one process, because starting llvm-mc per instruction is
+what made earlier tools take minutes; the engine runs such calls side by side in its worker processes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import re
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,18 +79,6 @@ def find_llvm() -> LlvmTools:
     raise LlvmNotFoundError("no usable LLVM found; tried\n  " + "\n  ".join(reasons) + "\nFix: " + INSTALL_HINT)
 
 
-def batches(items: list, jobs: int, minimum: int = 2000) -> list[list]:
-    """Cut items into about `jobs` contiguous batches (more when there are many), never smaller than `minimum`."""
-    count = max(1, min(max(jobs, 1) * 2, -(-len(items) // minimum)))
-    size = -(-len(items) // count) if items else 1
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def parallel(function, groups: list[list], jobs: int) -> list:
-    with ThreadPoolExecutor(max_workers=max(jobs, 1)) as pool:
-        return list(pool.map(function, groups))
-
-
 def run(argv: list[str], input_text: str | None = None) -> subprocess.CompletedProcess:
     """Run a tool with its output in temporary files: reading tens of MB through pipes costs seconds in poll()."""
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -120,7 +107,8 @@ def _encodings_text(chunks: list[bytes]) -> str:
     return "0x" + "\n".join(chunk.hex(",") for chunk in chunks).replace(",", ",0x").replace("\n", "\n0x")
 
 
-def _decode_batch(tools: LlvmTools, mcpu: str, chunks: list[bytes]) -> list[str | None]:
+def decode(tools: LlvmTools, chunks: list[bytes], mcpu: str) -> list[str | None]:
+    """Each chunk's instruction text, or None where LLVM does not decode exactly that chunk as one instruction."""
     if not chunks:
         return []
     source = _encodings_text(chunks)
@@ -133,16 +121,13 @@ def _decode_batch(tools: LlvmTools, mcpu: str, chunks: list[bytes]) -> list[str 
         return [None]  # LLVM cannot decode exactly these bytes as one instruction
     # Something in the batch is undecodable or split differently: bisect to isolate it.
     half = len(chunks) // 2
-    return _decode_batch(tools, mcpu, chunks[:half]) + _decode_batch(tools, mcpu, chunks[half:])
+    return decode(tools, chunks[:half], mcpu) + decode(tools, chunks[half:], mcpu)
 
 
-def decode(tools: LlvmTools, chunks: list[bytes], mcpu: str, jobs: int) -> list[str | None]:
-    """Each chunk's instruction text, or None where LLVM does not decode exactly that chunk as one instruction."""
-    groups = batches(chunks, jobs)
-    return [text for group in parallel(lambda g: _decode_batch(tools, mcpu, g), groups, jobs) for text in group]
-
-
-def _assemble_batch(tools: LlvmTools, mcpu: str, texts: list[str]) -> list[tuple[bytes | None, str | None]]:
+def assemble(tools: LlvmTools, texts: list[str], mcpu: str) -> list[tuple[bytes | None, str | None]]:
+    """(encoding, None) for each text the assembler accepts for `mcpu`, else (None, its error message)."""
+    if not texts:
+        return []
     result = _mc(tools, mcpu, "".join(t + "\n" for t in texts))
     errors: dict[int, str] = {}
     for line, message in _ASM_ERROR.findall(result.stderr):
@@ -161,28 +146,6 @@ def _assemble_batch(tools: LlvmTools, mcpu: str, texts: list[str]) -> list[tuple
     if next(encodings, None) is not None:
         raise LlvmOutputError(f"llvm-mc -mcpu={mcpu} printed more encodings than it was given lines")
     return out
-
-
-def assemble(tools: LlvmTools, texts: list[str], mcpu: str, jobs: int) -> list[tuple[bytes | None, str | None]]:
-    """(encoding, None) for each text the assembler accepts for `mcpu`, else (None, its error message)."""
-    return assemble_sets(tools, [(texts, mcpu)], jobs)[0]
-
-
-def assemble_sets(tools: LlvmTools, requests: list[tuple[list[str], str]],
-                  jobs: int) -> list[list[tuple[bytes | None, str | None]]]:
-    """assemble() of each (texts, mcpu) request. Their batches share one pool of llvm-mc runs, longest first, so
-    the last batch of one request does not leave a core idle until the next request starts."""
-    work, owner = [], []  # (mcpu, batch) and the index of its request
-    for index, (texts, mcpu) in enumerate(requests):
-        for group in batches(texts, jobs):
-            work.append((mcpu, group))
-            owner.append(index)
-    order = sorted(range(len(work)), key=lambda i: -len(work[i][1]))
-    done = dict(zip(order, parallel(lambda i: _assemble_batch(tools, *work[i]), order, jobs)))
-    results: list[list[tuple[bytes | None, str | None]]] = [[] for _ in requests]
-    for i, index in enumerate(owner):  # batches in their original order within each request
-        results[index] += done[i]
-    return results
 
 
 _OBJDUMP_FILE_HEADER = ":\tfile format "

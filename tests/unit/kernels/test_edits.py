@@ -132,7 +132,7 @@ def padded(build_code_object, llvm_tools, tmp_path):
     new = (tmp_path / "dst" / "loop.co").read_bytes()
     code = elf.read_code_object(original)
     chunks = isa.split_instructions(elf.text_of(original, code))
-    gfx942 = llvm.decode(llvm_tools, chunks, "gfx942", 1)
+    gfx942 = llvm.decode(llvm_tools, chunks, "gfx942")
     groups = [[Expected(text, chunk)] for text, chunk in zip(gfx942, chunks)]
     groups[1].insert(0, Expected("s_nop 1", bytes.fromhex("010080bf")))
     groups[4], groups[5] = [1], [7]

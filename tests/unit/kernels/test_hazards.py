@@ -176,7 +176,7 @@ def test_kernel_compiled_by_llc_audits_clean(llvm_tools, tmp_path, cpu):
 def assembled(llvm_tools, lines: list[str], cpu: str = "gfx90a") -> list[tuple[int, int, str]]:
     """(address, size, text) of assembly lines, sizes from llvm-mc (branch operands are word offsets)."""
     listing, address = [], 0
-    for text, (encoding, error) in zip(lines, llvm.assemble(llvm_tools, lines, cpu, 1)):
+    for text, (encoding, error) in zip(lines, llvm.assemble(llvm_tools, lines, cpu)):
         assert error is None, f"{text}: {error}"
         listing.append((address, len(encoding), text))
         address += len(encoding)

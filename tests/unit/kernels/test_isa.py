@@ -36,7 +36,7 @@ EVERY_FORMAT = [
 
 
 def test_split_cuts_every_format_where_llvm_does(llvm_tools):
-    encoded = llvm.assemble(llvm_tools, EVERY_FORMAT, "gfx942", jobs=1)
+    encoded = llvm.assemble(llvm_tools, EVERY_FORMAT, "gfx942")
     assert all(error is None for _, error in encoded), encoded
     encodings = [encoding for encoding, _ in encoded]
     assert isa.split_instructions(b"".join(encodings)) == encodings
@@ -59,10 +59,10 @@ OPERAND_SHAPES = [f" {acc}, {src}, {src2}, {acc}" for acc in ("a[0:3]", "a[0:15]
 @pytest.mark.parametrize("old, new", sorted(isa.RENAMES.items()))
 def test_every_rename_is_the_same_gfx942_instruction_and_valid_gfx90a(llvm_tools, old, new):
     # The gfx90a spelling assembled for gfx942 must give the very bytes of the gfx942 spelling.
-    results = llvm.assemble(llvm_tools, [old + shape for shape in OPERAND_SHAPES], "gfx942", jobs=1)
+    results = llvm.assemble(llvm_tools, [old + shape for shape in OPERAND_SHAPES], "gfx942")
     shape, (original, _) = next((s, r) for s, r in zip(OPERAND_SHAPES, results) if r[0] is not None)
-    [(alias, _)] = llvm.assemble(llvm_tools, [new + shape], "gfx942", jobs=1)
-    [(gfx90a, error)] = llvm.assemble(llvm_tools, [new + shape], "gfx90a", jobs=1)
+    [(alias, _)] = llvm.assemble(llvm_tools, [new + shape], "gfx942")
+    [(gfx90a, error)] = llvm.assemble(llvm_tools, [new + shape], "gfx90a")
     assert alias == original, f"{new} is not the gfx942 instruction {old}"
     assert error is None and len(gfx90a) == len(original), f"{new + shape} on gfx90a: {error}"
 
@@ -70,7 +70,7 @@ def test_every_rename_is_the_same_gfx942_instruction_and_valid_gfx90a(llvm_tools
 def test_bf16_16x16x16_renames_to_the_1k_opcode(llvm_tools):
     text = isa.rename("v_mfma_f32_16x16x16_bf16 a[0:3], v[0:1], v[2:3], a[0:3]")
     assert text == "v_mfma_f32_16x16x16bf16_1k a[0:3], v[0:1], v[2:3], a[0:3]"
-    [(encoding, error)] = llvm.assemble(llvm_tools, [text], "gfx90a", jobs=1)
+    [(encoding, error)] = llvm.assemble(llvm_tools, [text], "gfx90a")
     assert error is None and encoding[2:4] == bytes.fromhex("e7d3"), "must be D3E7 (bf16_1k), never D3CD (f16)"
 
 
