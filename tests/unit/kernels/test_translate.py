@@ -98,6 +98,19 @@ def test_existing_destination_is_replaced_whole_and_no_staging_is_left(source_tr
     assert sorted(p.name for p in dst.parent.iterdir()) == ["gfx90a", "gfx942"]
 
 
+def test_bytecode_of_the_source_is_not_carried_and_does_not_change_the_cache_key(source_tree, tmp_path):
+    clean = translate_tree(source_tree, tmp_path / "clean" / "gfx90a", jobs=1)
+    (source_tree / "fam" / "__pycache__").mkdir()
+    (source_tree / "fam" / "__pycache__" / "codegen.cpython-311.pyc").write_bytes(b"bytecode")
+    (source_tree / "fam" / "__pycache__" / "leftover.co").write_bytes(b"not a kernel")
+    dst = tmp_path / "hsa" / "gfx90a"
+    report = translate_tree(source_tree, dst, jobs=1)
+    assert not (dst / "fam" / "__pycache__").exists()
+    assert report["carried_files"] == clean["carried_files"] == ["fam/codegen.py"]
+    assert report["cache"]["key"] == clean["cache"]["key"] and report["output_digest"] == clean["output_digest"]
+    assert sorted(report["kernels"]) == ["fam/blocked_fp8.co", "fam/ok_bf16.co"]
+
+
 def test_bad_manifest_leaves_destination_untouched(source_tree, tmp_path):
     (source_tree / "fam" / "evil.csv").write_text("knl_name,knl_file\nx,../../../escape.co\n")
     dst = tmp_path / "hsa" / "gfx90a"
