@@ -225,12 +225,13 @@ class Analysis:
                 self._blocker_keys[gid] = bucket_index[self.buckets[gid]] * len(by_text) + rank
             self._blockers_by_text, self._bucket_names = by_text, list(bucket_index)
         keys = sorted(map(self._blocker_keys.__getitem__, self.blocking_ids(relpath)))
-        stride, runs = len(self._blockers_by_text), []
+        stride, by_text, runs = len(self._blockers_by_text), self._blockers_by_text, []
         for index, bucket in enumerate(self._bucket_names):
-            start, end = bisect_left(keys, index * stride), bisect_left(keys, (index + 1) * stride)
+            base = index * stride
+            start, end = bisect_left(keys, base), bisect_left(keys, base + stride)
             if end > start:
-                runs.append((keys[start] - index * stride, bucket, end - start,
-                             [self._blockers_by_text[key - index * stride] for key in keys[start:min(end, start + limit)]]))
+                runs.append((keys[start] - base, bucket, end - start,
+                             [by_text[key - base] for key in keys[start:min(end, start + limit)]]))
         runs.sort()  # by the text rank of each bucket's first blocker
         return ({bucket: size for _, bucket, size, _ in runs}, {bucket: first for _, bucket, _, first in runs})
 
@@ -700,7 +701,7 @@ def _route(relpath: str, audit: dict, policy: Policy, pads: dict[str, list[edits
     return "in place" if hazards.installs(policy.hazards, audit["verdict"]) else "withheld"
 
 
-def _split_unlocks(analysis: Analysis) -> list[str]:
+def _kernels_the_split_unlocks(analysis: Analysis) -> list[str]:
     """The kernels whose every blocker the int8 K=32 split handles."""
     return sorted(relpath for relpath, (kind, _) in analysis.files.items()
                   if kind == "ok" and analysis.split_unlocks(relpath))
@@ -814,7 +815,7 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
             analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False,
                                 decode_splits=policy.int8_k32_split)
             staging.mkdir()
-            unlocked = _split_unlocks(analysis) if policy.int8_k32_split else []
+            unlocked = _kernels_the_split_unlocks(analysis) if policy.int8_k32_split else []
             audit_started = time.monotonic()
             routes, outcomes, moved, not_portable = _audit_write_and_move(
                 src, staging, analysis, unlocked, policy, pads, tools, jobs, pool,
@@ -842,7 +843,7 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
         manifests, carried = _write_manifests(src, staging, others, set(kernel_paths), written)
         _check_postcondition(staging, manifests, dst)
         if not policy.int8_k32_split:  # what it would unlock, found now: the blockers were listed meanwhile
-            unlocked = _split_unlocks(analysis)
+            unlocked = _kernels_the_split_unlocks(analysis)
         split_report = {"enabled": policy.int8_k32_split, "kernels_unlocked": len(unlocked),
                         "written": len(set(unlocked) & written)}
         if not policy.int8_k32_split:
