@@ -40,6 +40,7 @@ from array import array
 from bisect import bisect_left
 from collections import Counter, defaultdict
 from itertools import compress, count, zip_longest
+from operator import itemgetter, ne
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from functools import lru_cache
@@ -113,20 +114,17 @@ def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[t
 def _patch(data: bytearray, code_object: elf.CodeObject,
            expected: dict[bytes, tuple[bytes, str, str]]) -> tuple[int, list[str]]:
     """Re-encode in place; returns the number of patched instructions and the expected gfx90a objdump lines."""
-    offset, patched, listing = code_object.text_offset, 0, []
+    chunks = isa.split_instructions(elf.text_of(bytes(data), code_object))
+    rows = list(map(expected.__getitem__, chunks))  # (gfx90a bytes, objdump line head, tail)
+    starts = isa.offsets(chunks)
+    changed = list(compress(range(len(chunks)), map(ne, map(itemgetter(0), rows), chunks)))
+    for index in changed:  # C-level maps find them: most instructions keep their bytes
+        new, chunk, offset = rows[index][0], chunks[index], code_object.text_offset + starts[index]
+        if bytes(data[offset:offset + len(chunk)]) != chunk or len(new) != len(chunk):
+            raise elf.ElfError(f"byte mismatch at file offset {offset:#x}: refusing to patch")
+        data[offset:offset + len(chunk)] = new
     address = code_object.text_address
-    append = listing.append
-    for chunk in isa.split_instructions(elf.text_of(bytes(data), code_object)):
-        new, head, tail = expected[chunk]
-        if new != chunk:
-            if bytes(data[offset:offset + len(chunk)]) != chunk or len(new) != len(chunk):
-                raise elf.ElfError(f"byte mismatch at file offset {offset:#x}: refusing to patch")
-            data[offset:offset + len(chunk)] = new
-            patched += 1
-        append(f"{head}{address:012X}{tail}")
-        offset += len(chunk)
-        address += len(chunk)
-    return patched, listing
+    return len(changed), [f"{head}{address + start:012X}{tail}" for (_, head, tail), start in zip(rows, starts)]
 
 
 def _same_branch(expected: str, actual: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.__main__ import main as cdna2_main
+from cdna2.host import elf
 from cdna2.host.probe import tree_digest
 from cdna2.kernels import TranslationError, classify_tree, engine, isa, translate_tree
 from tests.unit.kernels.conftest import BF16_MFMA, FP8_MFMA
@@ -180,3 +181,23 @@ def test_the_pool_collects_less_in_its_workers_and_here_until_it_ends():
         assert gc.get_threshold()[0] == engine.GC_THRESHOLD
         assert pool.submit(gc.get_threshold).result()[0] == engine.GC_THRESHOLD
     assert gc.get_threshold() == before
+
+
+def test_patch_rewrites_only_changed_instructions_and_refuses_a_length_change(build_code_object, tmp_path):
+    path = build_code_object(tmp_path / "k.co", "v_mov_b32_e32 v0, v1", "s_nop 0")
+    data = bytearray(path.read_bytes())
+    code_object = elf.read_code_object(bytes(data))
+    chunks = isa.split_instructions(elf.text_of(bytes(data), code_object))
+    assert len(chunks) == 3  # and s_endpgm
+    mov, nop, end = chunks
+    rows = {mov: (b"\x01\x02\x00\x7e", "H0", "T0"), nop: (nop, "H1", "T1"), end: (end, "H2", "T2")}
+    original = bytes(data)
+    patched, listing = engine._patch(data, code_object, rows)
+    address = code_object.text_address
+    assert patched == 1
+    assert listing == [f"H0{address:012X}T0", f"H1{address + 4:012X}T1", f"H2{address + 8:012X}T2"]
+    offset = code_object.text_offset
+    assert data[offset:offset + 4] == b"\x01\x02\x00\x7e"
+    assert data[:offset] == original[:offset] and data[offset + 4:] == original[offset + 4:]
+    with pytest.raises(elf.ElfError, match=rf"byte mismatch at file offset {offset + 4:#x}: refusing to patch"):
+        engine._patch(bytearray(original), code_object, {**rows, nop: (nop + nop, "H1", "T1")})
