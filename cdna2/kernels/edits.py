@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, repeat
+from operator import attrgetter
 from pathlib import Path
 
 from cdna2.host import elf
@@ -51,6 +52,9 @@ class Moved:
 
 
 MAX_PADDING_ROUNDS = 4  # a pad lengthens other edges, never shortens one: one round settles all but rare cases
+
+
+_SPLICED_OVER = Expected("", b"")  # stands for a replaced instruction in layout() until its lines are spliced in
 
 
 def _in_loop(index: int, targets: dict[int, int]) -> bool:
@@ -96,13 +100,9 @@ class _Kernel:
         for index, group in edited.items():
             lengths[index] = sum(4 if isinstance(item, int) else len(item.encoding) for item in group)
         group_starts = list(accumulate(lengths, initial=0))
-        listing, owner = [], []
-        for index, chunk in enumerate(self.instructions):
-            address = group_starts[index]
-            if index not in edited and index not in self.targets:
-                listing.append((address, len(chunk), self.expected[chunk].text))
-                owner.append(index)
-                continue
+        spliced: dict[int, list[tuple[int, int, str]]] = {}  # the lines of each edited instruction and branch
+        for index in sorted(set(edited) | set(self.targets)):
+            chunk, address, lines = self.instructions[index], group_starts[index], []
             for item in edited.get(index) or [self.targets[index]]:
                 if isinstance(item, int):
                     offset = (group_starts[item] - address - 4) // 4
@@ -110,12 +110,20 @@ class _Kernel:
                         raise reassemble.ReassemblyError(
                             f"a branch would leave the signed 16-bit dword range once the code moves: the one at "
                             f".text+{self.starts[index]:#x} would need an offset of {offset} dwords")
-                    listing.append((address, 4, f"{isa.branch_of(chunk)[0]} {offset & 0xFFFF}"))
+                    lines.append((address, 4, f"{isa.branch_of(chunk)[0]} {offset & 0xFFFF}"))
                     address += 4
                 else:
-                    listing.append((address, len(item.encoding), item.text))
+                    lines.append((address, len(item.encoding), item.text))
                     address += len(item.encoding)
-                owner.append(index)
+            spliced[index] = lines
+        # Every instruction as itself first, by C-level maps (most stand for themselves), then those lines spliced
+        # in, last first so that the indices before each still hold.
+        texts = map(attrgetter("text"), map(self.expected.get, self.instructions, repeat(_SPLICED_OVER)))
+        listing = list(zip(group_starts, map(len, self.instructions), texts))
+        owner = list(range(len(self.instructions)))
+        for index in reversed(spliced):
+            listing[index:index + 1] = spliced[index]
+            owner[index:index + 1] = [index] * len(spliced[index])
         return listing, owner
 
     def audit(self) -> tuple[hazards.KernelAudit, list[tuple[int, int, str]], list[int]]:
