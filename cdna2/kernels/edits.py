@@ -54,7 +54,7 @@ class Moved:
 MAX_PADDING_ROUNDS = 4  # a pad lengthens other edges, never shortens one: one round settles all but rare cases
 
 
-_SPLICED_OVER = Expected("", b"")  # stands for a replaced instruction in layout() until its lines are spliced in
+_SPLICED_OVER = Expected("", b"")  # layout() reads it for a split MFMA (expected has none) until its lines replace it
 
 
 def _in_loop(index: int, targets: dict[int, int]) -> bool:
