@@ -87,9 +87,12 @@ def _judge_splits(tools: llvm.LlvmTools, verdicts: Verdicts,
     for index, pair in planned.items():
         encoded = [assembled[t][0] for t in pair]
         back = [printed.get(encoding) for encoding in encoded] if decode_halves else []
-        if None not in encoded and None not in back:
+        if None in encoded:
+            error = next(assembled[text][1] for text in pair if assembled[text][0] is None)
+            verdicts.reasons[index] += f"; its split does not assemble for gfx90a: {error}"
+        elif None in back:
+            verdicts.reasons[index] += "; LLVM does not decode the halves of its split back as one instruction each"
+        else:
             verdicts.splittable.append(index)
             if decode_halves:
                 verdicts.halves[index] = tuple(Expected(text, encoding) for encoding, text in zip(encoded, back))
-        else:
-            verdicts.reasons[index] += f"; its split does not assemble for gfx90a: {assembled[pair[0]][1]}"

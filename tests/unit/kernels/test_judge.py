@@ -76,3 +76,25 @@ def test_verdicts_of_many_batches_are_those_of_one(build_code_object, tmp_path, 
     assert {relpath: entry["status"] for relpath, entry in whole["kernels"].items()} == {
         "a.co": "portable", "b.co": "blocked", "c.co": "blocked"}
     assert whole["kernels"]["c.co"]["unlocked_by"] == "int8_k32_split"
+
+
+def test_a_split_that_does_not_assemble_or_decode_back_says_which(llvm_tools, chunks, monkeypatch):
+    int8 = 3
+    real_assemble, real_decode = llvm.assemble, llvm.decode
+
+    def assemble(tools, texts, mcpu):  # the second half made invalid: its line fails as llvm-mc would say
+        return [(None, "invalid operand for instruction") if text.endswith("v5, v7, v[0:3]") else result
+                for text, result in zip(texts, real_assemble(tools, texts, mcpu))]
+
+    monkeypatch.setattr(llvm, "assemble", assemble)
+    verdicts = judge.judge_batch(llvm_tools, list(chunks.values()), True)
+    assert verdicts.splittable == [] and verdicts.reasons[int8].endswith(
+        "; its split does not assemble for gfx90a: invalid operand for instruction")
+
+    monkeypatch.setattr(llvm, "assemble", real_assemble)
+    monkeypatch.setattr(llvm, "decode", lambda tools, chunks, mcpu: (
+        [None] * len(chunks) if mcpu == "gfx90a" else real_decode(tools, chunks, mcpu)))
+    verdicts = judge.judge_batch(llvm_tools, list(chunks.values()), True)
+    assert verdicts.splittable == [] and verdicts.reasons[int8].endswith(
+        "; LLVM does not decode the halves of its split back as one instruction each")
+    assert judge.judge_batch(llvm_tools, list(chunks.values()), False).splittable == [int8]  # no decode asked
