@@ -73,6 +73,7 @@ def judge_batch(tools: llvm.LlvmTools, chunks: list[bytes], decode_halves: bool)
 def _judge_splits(tools: llvm.LlvmTools, verdicts: Verdicts,
                   splits: dict[int, tuple[tuple[str, str] | None, str | None]],
                   assembled: dict[str, tuple[bytes | None, str | None]], decode_halves: bool) -> None:
+    """Which blocking int8 K=32 MFMAs are splittable, and why the others are not (their reasons say it)."""
     planned = {}
     for index, bucket in verdicts.buckets.items():
         if bucket == isa.INT8_K32:
