@@ -86,15 +86,14 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                            site_packages=site_packages, expect_triton=expect_triton, host_arch=host_arch,
                            gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
     bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")]
+    gpu_skips = [check for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
     if host_arch == "gfx90a" and gpu_checks:  # on a gfx90a host only a GPU check that ran can be part of a pass
         bad += [dict(check, status="failed", detail=f"skipped on a host probed as gfx90a: {check['detail']}")
-                for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
+                for check in gpu_skips]
     summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
                f"{result['skipped']} skipped")
-    gpu_skips = [check["detail"] for check in result["checks"]
-                 if check["kind"] == "gpu" and check["status"] == "skipped"]
     if gpu_skips:
-        summary += f" (GPU checks {gpu_skips[0]})"
+        summary += f" (GPU checks {gpu_skips[0]['detail']})"
     report.step(host.name, "smoke", FAILED if bad else "ok", summary)
     report.host(host.name).details["smoke"] = result
     if bad:
