@@ -176,63 +176,93 @@ class _Kernel:
                 moved.wait_states_in_loops += wait_states
 
 
-def move_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
-               expected: dict[bytes, Expected], halves: dict[bytes, tuple[Expected, Expected]],
-               pads: dict[str, list[Pad]], pad_hazards: bool,
-               shortfalls: dict[str, dict[int, int]] | None = None) -> list[Moved]:
-    """Plan (splits, the pads asked for, and with `pad_hazards` the pads the hazard audit of the planned listing
-    asks for, starting from the engine's `shortfalls` of the unedited kernel), rebuild for gfx90a, retarget and prove
-    each kernel, and check with llvm-readelf that it says gfx90a; a kernel that fails is reported, not left in the
-    tree. The audit reported is the planned listing's, which the proof shows the file holds (the slow real-tree
-    test audits every written file afresh from its disassembly). The batch's rebuilt kernels are disassembled by
-    one llvm-objdump call (a call's start costs about as much as disassembling a kernel), each proven on its own."""
-    results: dict[str, Moved] = {}
-    planned = []  # (moved, job, original, code object, groups, audit) of each kernel whose plan was built
-    encodings = {chunk: e.encoding for chunk, e in expected.items()}
-    for relpath in relpaths:
+@dataclass
+class MoveBatch:
+    """What a batch of kernels to re-assemble needs from the analysis (it crosses to a worker with them)."""
+    relpaths: list[str]
+    expected: dict[bytes, Expected]  # each instruction's gfx90a text and bytes
+    halves: dict[bytes, tuple[Expected, Expected]]  # the int8 K=32 MFMAs to split
+    pads: dict[str, list[Pad]]  # asked for, per kernel
+    pad_hazards: bool  # pad what the hazard audit of the planned listing finds short
+    shortfalls: dict[str, dict[int, int]]  # the engine's audit of each unedited kernel (KernelAudit.shortfalls)
+
+
+@dataclass
+class Staged:
+    """A kernel rebuilt into staging, its proof still to come (prove_staged)."""
+    moved: Moved
+    target: Path
+    data: bytes
+    original: bytes
+    original_text_size: int
+    groups: list[list[Expected | int]]
+    audit: hazards.KernelAudit
+
+
+def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch: MoveBatch
+                  ) -> tuple[dict[str, Moved], list[Staged]]:
+    """Plan each kernel (splits, the pads asked for, and with `pad_hazards` the pads the hazard audit of the
+    planned listing asks for, starting from the engine's shortfalls of the unedited kernel), rebuild it for gfx90a
+    and retarget it in staging. Returns the kernels refused or in error (by relpath) and the staged ones, which
+    prove_staged then proves from one llvm-objdump and one llvm-readelf call shared with other kernels (a call's
+    start costs about as much as disassembling a kernel). The audit a Staged carries is the planned listing's,
+    which the proof shows the file holds (the slow real-tree test audits every written file afresh from its
+    disassembly)."""
+    failed: dict[str, Moved] = {}
+    planned = []  # (moved, job, original, .text size, groups, audit) of each kernel whose plan was built
+    encodings = {chunk: e.encoding for chunk, e in batch.expected.items()}
+    for relpath in batch.relpaths:
         moved = Moved(relpath)
         source, target = Path(src_root, relpath), Path(staging_root, relpath)
         original = source.read_bytes()
         try:
             code_object = elf.read_code_object(original)
-            kernel = _Kernel(isa.split_instructions(elf.text_of(original, code_object)), expected, halves)
-            for pad in pads.get(relpath, []):
+            kernel = _Kernel(isa.split_instructions(elf.text_of(original, code_object)), batch.expected,
+                             batch.halves)
+            for pad in batch.pads.get(relpath, []):
                 kernel.pad(pad.consumer, pad.wait_states)
             # Once proven, the written listing is the planned one: this audit is the written file's.
-            audit = kernel.pad_short_edges((shortfalls or {}).get(relpath)) if pad_hazards else kernel.audit()[0]
+            audit = (kernel.pad_short_edges(batch.shortfalls.get(relpath)) if batch.pad_hazards
+                     else kernel.audit()[0])
             kernel.count(moved)
             groups = kernel.groups()
             job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(kernel.edits()))
         except (elf.ElfError, isa.SplitError, reassemble.ReassemblyError) as error:
-            results[relpath] = Moved(relpath, "refused", str(error))
+            failed[relpath] = Moved(relpath, "refused", str(error))
             continue
         except KeyError:
-            results[relpath] = Moved(relpath, "error", "an instruction has no gfx90a encoding and is not planned to "
-                                                       "be replaced (translator bug: report it with the source tree)")
+            failed[relpath] = Moved(relpath, "error", "an instruction has no gfx90a encoding and is not planned to "
+                                                      "be replaced (translator bug: report it with the source tree)")
             continue
-        planned.append((moved, job, original, code_object, groups, audit))
-    written = []
-    for (moved, job, original, code_object, groups, audit), rebuilt in zip(
+        planned.append((moved, job, original, code_object.text_size, groups, audit))
+    staged = []
+    for (moved, job, original, text_size, groups, audit), outcome in zip(
             planned, reassemble.rebuild(tools, [job for _, job, *_ in planned])):
-        if rebuilt.error:
-            results[moved.relpath] = Moved(moved.relpath, "refused", rebuilt.error)
+        if outcome.error:
+            failed[moved.relpath] = Moved(moved.relpath, "refused", outcome.error)
             continue
         target = Path(job.target)
         data = bytearray(target.read_bytes())
         elf.retarget_to_gfx90a(data, elf.read_code_object(bytes(data)))
         target.write_bytes(data)
         os.chmod(target, Path(job.source).stat().st_mode & 0o777)
-        written.append((moved, target, bytes(data), original, code_object, groups, audit))
-    paths = [target for _, target, *_ in written]
-    listings = llvm.objdump_lines(tools, paths, "gfx90a") if written else {}
-    wrong_target = llvm.target_errors(tools, paths, "gfx90a") if written else {}
-    for moved, target, data, original, code_object, groups, audit in written:
-        error = prove(original, data, listings.get(str(target), []), groups)
+        staged.append(Staged(moved, target, bytes(data), original, text_size, groups, audit))
+    return failed, staged
+
+
+def prove_staged(staged: list[Staged], listings: dict[str, list[str]], wrong_target: dict[str, str]
+                  ) -> list[Moved]:
+    """Each staged kernel proven against its plan (relocation_proof.prove) from its llvm-objdump listing, and
+    checked to say gfx90a (`wrong_target`: llvm.target_errors); a kernel that fails is removed from staging."""
+    out = []
+    for kernel in staged:
+        target, moved = kernel.target, kernel.moved
+        error = prove(kernel.original, kernel.data, listings.get(str(target), []), kernel.groups)
         if error is None and str(target) not in wrong_target:
-            moved.text_growth = elf.read_code_object(data).text_size - code_object.text_size
-            moved.audit = audit.to_json()
+            moved.text_growth = elf.read_code_object(kernel.data).text_size - kernel.original_text_size
+            moved.audit = kernel.audit.to_json()
         else:
             target.unlink()
             moved = Moved(moved.relpath, "error", f"proof failed: {error or wrong_target[str(target)]}")
-        results[moved.relpath] = moved
-    return [results[relpath] for relpath in relpaths]
+        out.append(moved)
+    return out

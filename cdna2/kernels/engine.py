@@ -17,7 +17,8 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
    listing; any difference removes the file and reports an error;
 7. re-assemble and prove: each kernel with edits is rebuilt through assembly source (reassemble.py), retargeted,
    proven against the original plus exactly its edits (relocation_proof.py) and audited again; the hazard policy
-   then judges its new verdict;
+   then judges its new verdict. Stages 6 and 7 share a worker task per audit batch (_write_batch), so its kernels
+   of both kinds are disassembled by one llvm-objdump call and checked by one llvm-readelf call;
 8. manifests are pruned to the written kernels, other files carried over, the post-condition checked, and the
    staging tree moved into place.
 
@@ -146,10 +147,12 @@ def _prove(expected: list[str], actual: list[str]) -> str | None:
     return None
 
 
-def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpaths: list[str],
-                 expected: dict[bytes, tuple[bytes, str, str]]) -> list[tuple[str, int, str | None]]:
-    """Write each kernel into staging and prove it; returns (relpath, patched instructions, error or None)."""
-    listings, written, results = {}, [], []
+def _write_in_place(src_root: str, staging_root: str, relpaths: list[str],
+                    expected: dict[bytes, tuple[bytes, str, str]]
+                    ) -> tuple[list[tuple[str, int, str]], list[tuple[str, Path, int, list[str]]]]:
+    """Patch and retarget each kernel into staging: (relpath, 0, why) of those refused, and (relpath, target,
+    patched instructions, expected objdump lines) of those written, to be proven (_prove_in_place)."""
+    refused, written = [], []
     for relpath in relpaths:
         source = Path(src_root, relpath)
         data = bytearray(source.read_bytes())
@@ -157,25 +160,42 @@ def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, relpat
         try:
             patched, listing = _patch(data, code_object, expected)
         except elf.ElfError as error:
-            results.append((relpath, 0, str(error)))
+            refused.append((relpath, 0, str(error)))
             continue
         elf.retarget_to_gfx90a(data, code_object)
         target = Path(staging_root, relpath)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
         os.chmod(target, source.stat().st_mode & 0o777)
-        listings[str(target)] = listing
-        written.append((relpath, target, patched))
-    if not written:
-        return results
-    disassembly = llvm.objdump_lines(tools, [t for _, t, _ in written], "gfx90a")
-    wrong_target = llvm.target_errors(tools, [t for _, t, _ in written], "gfx90a")
-    for relpath, target, patched in written:
-        error = _prove(listings[str(target)], disassembly.get(str(target), [])) or wrong_target.get(str(target))
+        written.append((relpath, target, patched, listing))
+    return refused, written
+
+
+def _prove_in_place(written: list[tuple[str, Path, int, list[str]]], disassembly: dict[str, list[str]],
+                    wrong_target: dict[str, str]) -> list[tuple[str, int, str | None]]:
+    """(relpath, patched instructions, error or None) of each kernel patched in place; one that fails is removed."""
+    results = []
+    for relpath, target, patched, listing in written:
+        error = _prove(listing, disassembly.get(str(target), [])) or wrong_target.get(str(target))
         if error:
             target.unlink()  # a file that failed its proof is never left in the tree
         results.append((relpath, patched, error))
     return results
+
+
+def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, in_place: list[str],
+                 expected: dict[bytes, tuple[bytes, str, str]], moves: edits.MoveBatch | None
+                 ) -> tuple[list[tuple[str, int, str | None]], list[edits.Moved]]:
+    """Stages 6 and 7 for one batch: write the kernels patched in place and those re-assembled (`moves`) into
+    staging, then prove them all from one llvm-objdump and one llvm-readelf call (each call's start costs about
+    20-30 ms, as much as disassembling a kernel). Returns the in-place outcomes and the re-assembled kernels."""
+    in_place_results, written = _write_in_place(src_root, staging_root, in_place, expected)
+    failed, staged = edits.rebuild_batch(tools, src_root, staging_root, moves) if moves else ({}, [])
+    paths = [target for _, target, _, _ in written] + [kernel.target for kernel in staged]
+    disassembly = llvm.objdump_lines(tools, paths, "gfx90a") if paths else {}
+    wrong_target = llvm.target_errors(tools, paths, "gfx90a") if paths else {}
+    return (in_place_results + _prove_in_place(written, disassembly, wrong_target),
+            list(failed.values()) + edits.prove_staged(staged, disassembly, wrong_target))
 
 
 # --- the analysis shared by translate and classify ------------------------------------------------------------------
@@ -710,9 +730,9 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
                           pool: ProcessPoolExecutor, progress: Progress, meanwhile: Callable[[], dict]
                           ) -> tuple[dict[str, str], dict[str, tuple[int, str | None]], dict[str, edits.Moved], dict]:
     """Stages 4, 6 and 7 pipelined on the pool. The audits are queued first, then the kernels the split unlocks
-    (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues its kernels to
-    be patched in place (_write_batch) or re-assembled (edits.move_batch), so no worker waits for the last audit
-    or for the other kind's last batch. `meanwhile` is the parent's own work, done once the workers
+    (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues one
+    _write_batch for its kernels to patch in place and to re-assemble, so no worker waits for the last audit.
+    `meanwhile` is the parent's own work, done once the workers
     have their first tasks (it would otherwise run after the pool, with one core idle). Returns each portable
     kernel's route (_route), the in-place outcomes, the re-assembled kernels and what `meanwhile` returned."""
     started = time.monotonic()
@@ -722,30 +742,35 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
     audits = [pool.submit(hazards.audit_batch, str(src), group, analysis.gfx90a_texts_for(group), "gfx90a")
               for group in _balanced(src, portable, jobs * 4)]
 
-    def move(group: list[str]) -> Future:
-        expected, halves = analysis.moves_for(group)
-        return pool.submit(edits.move_batch, tools, str(src), str(staging), group, expected, halves,
-                           {r: pads[r] for r in group if r in pads}, policy.pad_mfma_hazards,
-                           {r: analysis.shortfalls[r] for r in group if r in analysis.shortfalls})
+    def write(in_place: list[str], to_move: list[str]) -> Future:
+        moves = edits.MoveBatch(to_move, *analysis.moves_for(to_move), {r: pads[r] for r in to_move if r in pads},
+                                policy.pad_mfma_hazards,
+                                {r: analysis.shortfalls[r] for r in to_move if r in analysis.shortfalls}
+                                ) if to_move else None
+        return pool.submit(_write_batch, tools, str(src), str(staging), in_place, analysis.expected_for(in_place),
+                           moves)
 
-    moves = [move(group) for group in _balanced(src, unlocked, jobs * 4)]
+    writes = [write([], group) for group in _balanced(src, unlocked, jobs * 4)]
     done_meanwhile = meanwhile()
-    writes, routes = [], {}
+    routes = {}
     for done, future in enumerate(as_completed(audits), 1):
         batch = future.result()
         analysis.add_audits(batch)
         routed = {relpath: _route(relpath, audit, policy, pads) for relpath, audit, _ in batch}
         routes.update(routed)
-        if in_place := sorted(relpath for relpath, route in routed.items() if route == "in place"):
-            writes.append(pool.submit(_write_batch, tools, str(src), str(staging), in_place,
-                                      analysis.expected_for(in_place)))
-        # The last audit's kernels to re-assemble are the pool's last tasks: one per task (each about 0.1 s, against
-        # 0.4 s for a batch), so that the workers end together.
-        to_move = [relpath for relpath, route in routed.items() if route == "move"]
-        moves += [move(group) for group in _balanced(src, to_move, jobs if done < len(audits) else len(to_move))]
+        in_place = sorted(relpath for relpath, route in routed.items() if route == "in place")
+        to_move = sorted(relpath for relpath, route in routed.items() if route == "move")
+        if done < len(audits):
+            writes += [write(in_place, to_move)] if in_place or to_move else []
+        else:
+            # The last audit's kernels to re-assemble are the pool's last tasks: one per task (each about 0.1 s,
+            # against 0.4 s for a batch), so that the workers end together.
+            writes += [write(in_place, [])] if in_place else []
+            writes += [write([], [relpath]) for relpath in to_move]
     analysis.durations["audit"] = time.monotonic() - started
-    outcomes = {relpath: (patched, error) for future in writes for relpath, patched, error in future.result()}
-    moved = {result.relpath: result for future in moves for result in future.result()}
+    results = [future.result() for future in writes]
+    outcomes = {relpath: (patched, error) for in_place, _ in results for relpath, patched, error in in_place}
+    moved = {result.relpath: result for _, batch in results for result in batch}
     return routes, outcomes, moved, done_meanwhile
 
 
