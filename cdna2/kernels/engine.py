@@ -732,9 +732,9 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
     """Stages 4, 6 and 7 pipelined on the pool. The audits are queued first, then the kernels the split unlocks
     (`unlocked`: re-assembled without an audit of the original); each audit batch, once back, queues one
     _write_batch for its kernels to patch in place and to re-assemble, so no worker waits for the last audit.
-    `meanwhile` is the parent's own work, done once the workers
-    have their first tasks (it would otherwise run after the pool, with one core idle). Returns each portable
-    kernel's route (_route), the in-place outcomes, the re-assembled kernels and what `meanwhile` returned."""
+    `meanwhile` is the parent's own work, done once the workers have their first tasks (it would otherwise run after
+    the pool, with one core idle). Returns each portable kernel's route (_route), the in-place outcomes, the
+    re-assembled kernels and what `meanwhile` returned."""
     started = time.monotonic()
     portable = analysis.portable()
     progress(f"auditing MFMA wait states of {len(portable)} portable kernels for gfx90a and writing and proving them "
@@ -763,10 +763,10 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
         if done < len(audits):
             writes += [write(in_place, to_move)] if in_place or to_move else []
         else:
-            # The last audit's kernels to re-assemble are the pool's last tasks: one per task (each about 0.1 s,
-            # against 0.4 s for a batch), so that the workers end together.
+            # The last audit's kernels to re-assemble are the pool's last tasks: one per task, largest first (each
+            # about 0.1 s, against 0.4 s for a batch), so that the workers end together.
             writes += [write(in_place, [])] if in_place else []
-            writes += [write([], [relpath]) for relpath in to_move]
+            writes += [write([], single) for single in _balanced(src, to_move, len(to_move))]
     analysis.durations["audit"] = time.monotonic() - started
     results = [future.result() for future in writes]
     outcomes = {relpath: (patched, error) for in_place, _ in results for relpath, patched, error in in_place}
