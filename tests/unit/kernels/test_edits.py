@@ -218,6 +218,34 @@ def test_a_written_kernel_that_does_not_say_gfx90a_is_an_error_and_not_left(kern
     assert not (tmp_path / "dst" / "loop.co").exists()
 
 
+def test_one_write_task_proves_both_kinds_from_one_objdump_and_one_readelf_run(build_code_object, llvm_tools,
+                                                                              tmp_path, monkeypatch):
+    src, staging = tmp_path / "src", tmp_path / "staging"
+    build_code_object(src / "loop.co", *LOOP)
+    build_code_object(src / "plain.co", "v_mov_b32_e32 v0, v1", "v_add_u32_e32 v0, 1, v0")
+    with ThreadPoolExecutor(1) as pool:
+        analysis = engine._analyse(src, ["loop.co", "plain.co"], llvm_tools, 1, pool, lambda message: None,
+                                   audit=False)
+    moves = edits.MoveBatch(["loop.co"], *analysis.moves_for(["loop.co"]),
+                            {"loop.co": [edits.Pad(consumer=4, wait_states=1)]}, True, {})
+    expected = analysis.expected_for(["plain.co"])
+    # A wrong expected text for one instruction of the in-place kernel only: its proof must fail, the other's not.
+    mov = next(chunk for chunk, (_, head, _) in expected.items() if "v_mov_b32" in head)
+    encoding, head, tail = expected[mov]
+    expected[mov] = (encoding, head.replace("v_mov_b32_e32 v0, v1", "v_mov_b32_e32 v0, v2"), tail)
+    runs = []
+    run = llvm.run
+    monkeypatch.setattr(llvm, "run", lambda argv, *rest: runs.append(argv[0].rsplit("/", 1)[-1]) or run(argv, *rest))
+    staging.mkdir()
+    in_place, moved = engine._write_batch(llvm_tools, str(src), str(staging), ["plain.co"], expected, moves)
+    assert sorted(runs) == ["llvm-objdump", "llvm-readelf"]
+    assert len(in_place) == 1 and in_place[0][0] == "plain.co"
+    assert "expected 'v_mov_b32_e32 v0, v2" in in_place[0][2]
+    assert not (staging / "plain.co").exists()
+    assert [(m.relpath, m.outcome, m.nops) for m in moved] == [("loop.co", "written", 1)]
+    assert (staging / "loop.co").is_file()
+
+
 def test_the_deploy_translation_follows_the_hosts_int8_k32_split(build_code_object, tmp_path):
     src = tmp_path / "gfx942"
     build_code_object(src / "k32.co", K32)
