@@ -200,15 +200,15 @@ class Staged:
 
 
 def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch: MoveBatch
-                  ) -> tuple[dict[str, Moved], list[Staged]]:
+                  ) -> tuple[list[Moved], list[Staged]]:
     """Plan each kernel (splits, the pads asked for, and with `pad_hazards` the pads the hazard audit of the
     planned listing asks for, starting from the engine's shortfalls of the unedited kernel), rebuild it for gfx90a
-    and retarget it in staging. Returns the kernels refused or in error (by relpath) and the staged ones, which
+    and retarget it in staging. Returns the kernels refused or in error and the staged ones, which
     prove_staged then proves from one llvm-objdump and one llvm-readelf call shared with other kernels (a call's
     start costs about as much as disassembling a kernel). The audit a Staged carries is the planned listing's,
     which the proof shows the file holds (the slow real-tree test audits every written file afresh from its
     disassembly)."""
-    failed: dict[str, Moved] = {}
+    failed: list[Moved] = []
     planned = []  # (moved, job, original, .text size, groups, audit) of each kernel whose plan was built
     encodings = {chunk: e.encoding for chunk, e in batch.expected.items()}
     for relpath in batch.relpaths:
@@ -228,18 +228,18 @@ def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch
             groups = kernel.groups()
             job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(kernel.edits()))
         except (elf.ElfError, isa.SplitError, reassemble.ReassemblyError) as error:
-            failed[relpath] = Moved(relpath, "refused", str(error))
+            failed.append(Moved(relpath, "refused", str(error)))
             continue
         except KeyError:
-            failed[relpath] = Moved(relpath, "error", "an instruction has no gfx90a encoding and is not planned to "
-                                                      "be replaced (translator bug: report it with the source tree)")
+            failed.append(Moved(relpath, "error", "an instruction has no gfx90a encoding and is not planned to be "
+                                                  "replaced (translator bug: report it with the source tree)"))
             continue
         planned.append((moved, job, original, code_object.text_size, groups, audit))
     staged = []
     for (moved, job, original, text_size, groups, audit), outcome in zip(
             planned, reassemble.rebuild(tools, [job for _, job, *_ in planned])):
         if outcome.error:
-            failed[moved.relpath] = Moved(moved.relpath, "refused", outcome.error)
+            failed.append(Moved(moved.relpath, "refused", outcome.error))
             continue
         target = Path(job.target)
         data = bytearray(target.read_bytes())

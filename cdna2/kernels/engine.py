@@ -190,12 +190,12 @@ def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, in_pla
     staging, then prove them all from one llvm-objdump and one llvm-readelf call (each call's start costs about
     20-30 ms, as much as disassembling a kernel). Returns the in-place outcomes and the re-assembled kernels."""
     in_place_results, written = _write_in_place(src_root, staging_root, in_place, expected)
-    failed, staged = edits.rebuild_batch(tools, src_root, staging_root, moves) if moves else ({}, [])
+    failed, staged = edits.rebuild_batch(tools, src_root, staging_root, moves) if moves else ([], [])
     paths = [target for _, target, _, _ in written] + [kernel.target for kernel in staged]
     disassembly = llvm.objdump_lines(tools, paths, "gfx90a") if paths else {}
     wrong_target = llvm.target_errors(tools, paths, "gfx90a") if paths else {}
     return (in_place_results + _prove_in_place(written, disassembly, wrong_target),
-            list(failed.values()) + edits.prove_staged(staged, disassembly, wrong_target))
+            failed + edits.prove_staged(staged, disassembly, wrong_target))
 
 
 # --- the analysis shared by translate and classify ------------------------------------------------------------------
