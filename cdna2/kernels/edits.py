@@ -1,4 +1,5 @@
-"""Edits as data, for kernels whose code must move: the plan per kernel, and the worker that rebuilds and proves it.
+"""Edits as data, for kernels whose code must move: the plan per kernel, and the worker steps that rebuild it
+(rebuild_batch) and prove it (prove_staged).
 
 A plan is a list of reassemble.Edit: `replace` one int8 K=32 MFMA by its two halves (split.py), `insert` `s_nop`s
 before the consumer of a short MFMA edge ("pad edge X by N": X is the consumer's .text offset in the original,
