@@ -195,7 +195,6 @@ class Staged:
     target: Path
     data: bytes
     original: bytes
-    original_text_size: int
     groups: list[list[Expected | int]]
     audit: hazards.KernelAudit
 
@@ -243,11 +242,13 @@ def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch
             failed.append(Moved(moved.relpath, "refused", outcome.error))
             continue
         target = Path(job.target)
-        data = bytearray(target.read_bytes())
-        elf.retarget_to_gfx90a(data, elf.read_code_object(bytes(data)))
+        built = target.read_bytes()
+        rebuilt, data = elf.read_code_object(built), bytearray(built)
+        elf.retarget_to_gfx90a(data, rebuilt)
+        moved.text_growth = rebuilt.text_size - text_size
         target.write_bytes(data)
         os.chmod(target, Path(job.source).stat().st_mode & 0o777)
-        staged.append(Staged(moved, target, bytes(data), original, text_size, groups, audit))
+        staged.append(Staged(moved, target, bytes(data), original, groups, audit))
     return failed, staged
 
 
@@ -260,7 +261,6 @@ def prove_staged(staged: list[Staged], listings: dict[str, list[str]], wrong_tar
         target, moved = kernel.target, kernel.moved
         error = prove(kernel.original, kernel.data, listings.get(str(target), []), kernel.groups)
         if error is None and str(target) not in wrong_target:
-            moved.text_growth = elf.read_code_object(kernel.data).text_size - kernel.original_text_size
             moved.audit = kernel.audit.to_json()
         else:
             target.unlink()
