@@ -40,7 +40,7 @@ import time
 from array import array
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from itertools import compress, count, zip_longest
+from itertools import accumulate, compress, count, zip_longest
 from operator import itemgetter, ne
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -95,6 +95,9 @@ def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[t
     # chunk, and the dict's order is the table's.
     index_of: defaultdict[bytes, int] = defaultdict(count().__next__)
     results = []
+    # A .text met before in the batch has the same instructions: one file in six of the 0.1.7 tree repeats another's
+    # code (mostly beside it), and cutting and indexing them again cost about a third of the scan.
+    indices_of_text: dict[bytes, array] = {}
     for relpath in relpaths:
         data = Path(src_root, relpath).read_bytes()
         try:
@@ -102,11 +105,15 @@ def _scan_batch(src_root: str, relpaths: list[str]) -> tuple[list[bytes], list[t
             if code_object.mach != elf.MACH_GFX942:
                 results.append((relpath, "skipped", f"ELF machine is {code_object.mach_name}, not gfx942"))
                 continue
-            unique = set(isa.split_instructions(elf.text_of(data, code_object)))
+            text = elf.text_of(data, code_object)
+            indices = indices_of_text.get(text)
+            if indices is None:
+                unique = set(isa.split_instructions(text))
+                indices = indices_of_text[text] = array("I", map(index_of.__getitem__, unique))
         except (elf.ElfError, isa.SplitError) as error:
             results.append((relpath, "error", str(error)))
             continue
-        results.append((relpath, "ok", array("I", map(index_of.__getitem__, unique))))
+        results.append((relpath, "ok", indices))
     return list(index_of), results
 
 
@@ -315,15 +322,28 @@ class Analysis:
         return {self.chunks[gid]: self.gfx90a_texts[gid] for gid in gids}
 
 
+def _sizes(root: Path, relpaths: list[str]) -> list[int]:
+    return [os.stat(os.path.join(root, relpath)).st_size for relpath in relpaths]
+
+
 def _balanced(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
     """Deal files into `count` batches of about equal total size, largest first (each batch sorted)."""
     groups: list[list[str]] = [[] for _ in range(max(1, min(count, len(relpaths))))]
     loads = [0] * len(groups)
-    for relpath in sorted(relpaths, key=lambda r: -(root / r).stat().st_size):
+    for size, relpath in sorted(zip(_sizes(root, relpaths), relpaths), key=lambda pair: -pair[0]):
         lightest = loads.index(min(loads))
         groups[lightest].append(relpath)
-        loads[lightest] += (root / relpath).stat().st_size
+        loads[lightest] += size
     return [sorted(group) for group in groups if group]
+
+
+def _runs(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
+    """Cut files, in the order given, into `count` runs of about equal total size: neighbours stay together (the
+    scan meets a .text it has already cut mostly in the same directory)."""
+    ends = list(accumulate(_sizes(root, relpaths)))
+    total = ends[-1] if ends else 0
+    cuts = [0] + [bisect_left(ends, total * k / count) + 1 for k in range(1, count)] + [len(relpaths)]
+    return [relpaths[start:end] for start, end in zip(cuts, cuts[1:]) if end > start]
 
 
 # A translation keeps millions of small objects alive until it ends (instruction tables, listings, audits), so with
@@ -364,7 +384,7 @@ def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, po
     progress(f"scanning {len(kernels)} code objects with {jobs} processes, judging their distinct instructions for "
              "gfx90a as they are found")
     gid_of: defaultdict[bytes, int] = defaultdict(count().__next__)  # as in _scan_batch: the order is the gids'
-    groups = _balanced(src, kernels, jobs * 4)
+    groups = _runs(src, kernels, jobs * 4)
     judged: list[Future] = []
     pending: list[bytes] = []  # found, not yet queued to be judged
 
