@@ -52,14 +52,21 @@ def debian_root() -> Path:
     key = hashlib.sha256("\n".join((SUITE, VARIANT, INCLUDE, _apt_sources_text())).encode()).hexdigest()[:12]
     tarball = images_dir() / f"debian-{SUITE}-{INCLUDE}-{key}.tar"
     with wheelhouse.cache_lock("images"):
-        if not tarball.exists():
+        if not tarball.is_file():
             if shutil.which("mmdebstrap") is None:
                 raise EngineUnavailable("no image builder: mmdebstrap not found (bin/setup installs it)")
             progress(f"images: mmdebstrap {SUITE} with {INCLUDE} (25-75 s) -> {tarball}")
             staging = tarball.with_suffix(".staging")
+            # Earlier versions let mmdebstrap infer the format from the name, and ".staging" made it a directory,
+            # later renamed to the tarball's name: such a directory, or a staging left by a failed run, goes.
+            for leftover in (tarball, staging):
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink(missing_ok=True)
             images_dir().mkdir(parents=True, exist_ok=True)
-            result = subprocess.run(["mmdebstrap", "--quiet", f"--variant={VARIANT}", f"--include={INCLUDE}", SUITE,
-                                     str(staging)], capture_output=True, text=True)
+            result = subprocess.run(["mmdebstrap", "--quiet", "--format=tar", f"--variant={VARIANT}",
+                                     f"--include={INCLUDE}", SUITE, str(staging)], capture_output=True, text=True)
             if result.returncode != 0:
                 raise RuntimeError(f"mmdebstrap failed (exit {result.returncode}): {result.stderr[-3000:]}")
             staging.rename(tarball)
@@ -115,21 +122,21 @@ def base_image(engine: Engine) -> str:
 
 
 def content_key(root: Path, venv: Path, wheels: list[Path], stand_in: dict[str, tuple[str, int]]) -> str:
-    # The root tarball and the venv template are named by their own content keys; the rest is spelled out here.
-    return "\n".join([root.name, venv.name, *(wheel.name for wheel in wheels), IMAGE_PATH,
+    # The root tarball and the venv template are named by their own content keys; the rest is spelled out here. The
+    # root's size too: an image imported from a root that was not a whole tarball must not be reused by its tag.
+    return "\n".join([root.name, str(root.stat().st_size), venv.name, *(wheel.name for wheel in wheels), IMAGE_PATH,
                       *(f"{name} {mode:o} {text}" for name, (text, mode) in sorted(stand_in.items()))])
 
 
 def _import(engine: Engine, tag: str, root: Path, venv: Path, wheels: list[Path],
             stand_in: dict[str, tuple[str, int]]) -> None:
     command = [engine.command, "import", "--change", f"ENV {IMAGE_PATH}", "--change", 'CMD ["/bin/bash"]', "-", tag]
-    with tempfile.TemporaryFile() as errors:
+    with tempfile.TemporaryFile() as errors, tarfile.open(root) as debian:  # the root opens before any import starts
         importer = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors)
         try:
             with importer.stdin as stream, tarfile.open(fileobj=stream, mode="w|") as archive:
-                with tarfile.open(root) as debian:
-                    for member in debian:
-                        archive.addfile(member, debian.extractfile(member) if member.isfile() else None)
+                for member in debian:
+                    archive.addfile(member, debian.extractfile(member) if member.isfile() else None)
                 archive.add(venv, arcname="opt/venv")
                 for wheel in wheels:
                     archive.add(wheel.resolve(), arcname=f"{WHEELS_IN_IMAGE.lstrip('/')}/{wheel.name}")
@@ -137,6 +144,14 @@ def _import(engine: Engine, tag: str, root: Path, venv: Path, wheels: list[Path]
                     _add_text(archive, name, text, mode)
         except BrokenPipeError:
             pass  # the importer stopped reading: its exit status and message say why
+        except BaseException:
+            # The stream was cut short: an image of what got through must not be tagged (the tag is the cache key,
+            # so it would be reused as it is).
+            importer.kill()
+            importer.wait()
+            if engine.image_id(tag) is not None:
+                engine.remove_image(tag)
+            raise
         if importer.wait() != 0:
             errors.seek(0)
             raise RuntimeError(f"{' '.join(command)} failed (exit {importer.returncode}): "

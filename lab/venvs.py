@@ -50,9 +50,11 @@ def _pip_environment() -> dict[str, str]:
 
 
 def _run_at_venv_mount(directory: Path, argv: list[str]) -> None:
-    """Run argv in a private mount namespace where `directory` is mounted at /opt/venv."""
+    """Run argv in a private mount namespace where `directory` is mounted at /opt/venv (the mount point is made
+    first: on a new machine nothing else has made it when the container tests build the first template)."""
     command = ["unshare", "-m", "--propagation", "private", "--",
-               "sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(directory), VENV_MOUNT, *argv]
+               "sh", "-c", 'mkdir -p "$2" && mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(directory),
+               VENV_MOUNT, *argv]
     result = subprocess.run(command, capture_output=True, text=True, env=_pip_environment())
     if result.returncode != 0:
         raise RuntimeError(f"building the lab venv in {directory} failed: {' '.join(argv)} "
