@@ -361,7 +361,8 @@ def _runs(root: Path, relpaths: list[str], count: int) -> list[list[str]]:
     scan meets a .text it has already cut mostly in the same directory)."""
     ends = list(accumulate(_sizes(root, relpaths)))
     total = ends[-1] if ends else 0
-    cuts = [0] + [bisect_left(ends, total * k / count) + 1 for k in range(1, count)] + [len(relpaths)]
+    cuts = [0] + [min(bisect_left(ends, total * k / count) + 1, len(relpaths)) for k in range(1, count)]
+    cuts.append(len(relpaths))
     return [relpaths[start:end] for start, end in zip(cuts, cuts[1:]) if end > start]
 
 

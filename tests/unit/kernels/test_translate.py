@@ -201,3 +201,33 @@ def test_patch_rewrites_only_changed_instructions_and_refuses_a_length_change(bu
     assert data[:offset] == original[:offset] and data[offset + 4:] == original[offset + 4:]
     with pytest.raises(elf.ElfError, match=rf"byte mismatch at file offset {offset + 4:#x}: refusing to patch"):
         engine._patch(bytearray(original), code_object, {**rows, nop: (nop + nop, "H1", "T1")})
+
+
+def test_scan_batches_are_runs_of_neighbours_of_about_equal_size(tmp_path):
+    sizes = {"a/1.co": 100, "a/2.co": 100, "a/3.co": 100, "b/1.co": 300, "b/2.co": 10, "c/1.co": 290}
+    for relpath, size in sizes.items():
+        (tmp_path / relpath).parent.mkdir(exist_ok=True)
+        (tmp_path / relpath).write_bytes(bytes(size))
+    order = list(sizes)
+    runs = engine._runs(tmp_path, order, 3)
+    assert [relpath for run in runs for relpath in run] == order  # every file once, in the order given
+    assert [sum(sizes[relpath] for relpath in run) for run in runs] == [300, 300, 300]
+    assert [len(run) for run in engine._runs(tmp_path, order, 2)] == [4, 2]  # a cut takes the file it falls in
+    many = engine._runs(tmp_path, order, 10)  # more runs asked for than files: none is empty
+    assert [relpath for run in many for relpath in run] == order and all(many)
+    assert engine._runs(tmp_path, [], 4) == []
+
+
+def test_the_scan_cuts_a_repeated_text_once_per_batch(build_code_object, tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    build_code_object(src / "a.co", BF16_MFMA)
+    build_code_object(src / "b.co", BF16_MFMA)  # the same .text under another name
+    build_code_object(src / "c.co", "v_mov_b32_e32 v0, v1")
+    cut = []
+    split = isa.split_instructions
+    monkeypatch.setattr(isa, "split_instructions", lambda text: cut.append(text) or split(text))
+    table, results = engine._scan_batch(str(src), ["a.co", "b.co", "c.co"])
+    assert len(cut) == 2
+    indices = {relpath: sorted(payload) for relpath, kind, payload in results}
+    assert indices["a.co"] == indices["b.co"] != indices["c.co"]
+    assert sorted(table[i] for i in indices["a.co"]) == sorted(set(split(cut[0])))
