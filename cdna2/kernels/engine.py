@@ -18,8 +18,8 @@ Pipeline (whole tree at once, so LLVM sees each distinct instruction once):
 7. re-assemble and prove: each kernel with edits is rebuilt through assembly source (reassemble.py), retargeted,
    proven against the original plus exactly its edits (relocation_proof.py) and audited again; the hazard policy
    then judges its new verdict. Stages 6 and 7 share a worker task per audit batch (_write_batch), so its kernels
-   of both kinds are disassembled by one llvm-objdump call; one llvm-readelf call then checks that every written
-   kernel says gfx90a (_check_targets);
+   of both kinds are disassembled by one llvm-objdump call; once all are written, llvm-readelf (one call per
+   worker) checks that every written kernel says gfx90a (_check_targets);
 8. manifests are pruned to the written kernels, other files carried over, the post-condition checked, and the
    staging tree moved into place.
 
@@ -43,7 +43,7 @@ from bisect import bisect_left
 from collections import Counter, defaultdict
 from itertools import accumulate, compress, count, zip_longest
 from operator import itemgetter, ne
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from functools import lru_cache
 from multiprocessing import get_context
@@ -196,8 +196,8 @@ def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, in_pla
                  ) -> tuple[list[tuple[str, int, str | None]], list[edits.Moved]]:
     """Stages 6 and 7 for one batch: write the kernels patched in place and those re-assembled (`moves`) into
     staging, then prove their code from one llvm-objdump call (each call's start costs about 20-30 ms, as much as
-    disassembling a kernel); that each says gfx90a is checked once for the whole tree (_check_targets). Returns the
-    in-place outcomes and the re-assembled kernels."""
+    disassembling a kernel); that each says gfx90a is checked for the whole tree at once (_check_targets). Returns
+    the in-place outcomes and the re-assembled kernels."""
     in_place_results, written = _write_in_place(src_root, staging_root, in_place, expected)
     failed, staged = edits.rebuild_batch(tools, src_root, staging_root, moves) if moves else ([], [])
     paths = [target for _, target, _, _ in written] + [kernel.target for kernel in staged]
@@ -206,13 +206,17 @@ def _write_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, in_pla
 
 
 def _check_targets(tools: llvm.LlvmTools, staging: Path, outcomes: dict[str, tuple[int, str | None]],
-                   moved: dict[str, edits.Moved]) -> None:
-    """The last step of every kernel's proof, for all written kernels in one llvm-readelf call (17 calls, one per
-    write task, cost 0.3-0.4 CPU-s of the 0.1.7 tree's cold run, nearly all in starting the tool): its ELF header
-    and metadata must say gfx90a. One that does not becomes an error, and its file is removed from staging."""
+                   moved: dict[str, edits.Moved], pool: ProcessPoolExecutor, jobs: int) -> None:
+    """The last step of every kernel's proof, once all are written: its ELF header and metadata must say gfx90a.
+    One llvm-readelf call per worker (17 calls, one per write task, cost 0.3-0.4 CPU-s of the 0.1.7 tree's cold run,
+    nearly all in starting the tool; a single call took 0.11 s with the other core idle). One that does not say
+    gfx90a becomes an error, and its file is removed from staging."""
     written = [relpath for relpath, (_, error) in outcomes.items() if error is None]
     written += [relpath for relpath, kernel in moved.items() if kernel.outcome == "written"]
-    wrong_target = llvm.target_errors(tools, [staging / relpath for relpath in written], "gfx90a") if written else {}
+    shares = [share for k in range(jobs) if (share := [staging / relpath for relpath in written[k::jobs]])]
+    wrong_target: dict[str, str] = {}
+    for errors in pool.map(llvm.target_errors, [tools] * len(shares), shares, ["gfx90a"] * len(shares)):
+        wrong_target.update(errors)
     for relpath in written:
         why = wrong_target.get(str(staging / relpath))
         if why is None:
@@ -811,7 +815,7 @@ def _audit_write_and_move(src: Path, staging: Path, analysis: Analysis, unlocked
     results = [future.result() for future in writes]
     outcomes = {relpath: (patched, error) for in_place, _ in results for relpath, patched, error in in_place}
     moved = {result.relpath: result for _, batch in results for result in batch}
-    _check_targets(tools, staging, outcomes, moved)
+    _check_targets(tools, staging, outcomes, moved, pool, jobs)
     return routes, outcomes, moved, done_meanwhile
 
 
@@ -858,8 +862,10 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
                                f"{', '.join(hazards.POLICIES)}")
     _check_source(src)
     jobs = jobs or os.cpu_count() or 1
-    tools = llvm.find_llvm()
-    src_digest = tree_digest(src)
+    with ThreadPoolExecutor(1) as hashing:  # reading and hashing release the GIL while LLVM's probes run
+        digest = hashing.submit(tree_digest, src)
+        tools = llvm.find_llvm()
+        src_digest = digest.result()
     pads = pads or {}
     key = cache_key(src_digest, tools, policy, pads)
     base = {"source": str(src), "destination": str(dst), "source_digest": src_digest,

@@ -218,7 +218,8 @@ def test_a_written_kernel_that_does_not_say_gfx90a_is_an_error_and_not_left(kern
     assert not (tmp_path / "dst" / "loop.co").exists()
 
 
-def test_every_written_kernel_is_checked_to_say_gfx90a_by_one_readelf_run(build_code_object, tmp_path, monkeypatch):
+def test_every_written_kernel_is_checked_to_say_gfx90a_by_one_readelf_run_a_worker(build_code_object, tmp_path,
+                                                                                    monkeypatch):
     src = tmp_path / "src"
     build_code_object(src / "loop.co", *LOOP)
     for name in ("a", "b"):
