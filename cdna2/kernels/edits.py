@@ -205,9 +205,8 @@ def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch
     planned listing asks for, starting from the engine's shortfalls of the unedited kernel), rebuild it for gfx90a
     and retarget it in staging. Returns the kernels refused or in error and the staged ones, which
     prove_staged then proves from one llvm-objdump call shared with other kernels (a call's start costs about as
-    much as disassembling a kernel). The audit a Staged carries is the planned listing's,
-    which the proof shows the file holds (the slow real-tree test audits every written file afresh from its
-    disassembly)."""
+    much as disassembling a kernel). The audit a Staged carries is the planned listing's, which the proof shows the
+    file holds (the slow real-tree test audits every written file afresh from its disassembly)."""
     failed: list[Moved] = []
     planned = []  # (moved, job, original, .text size, groups, audit) of each kernel whose plan was built
     encodings = {chunk: e.encoding for chunk, e in batch.expected.items()}

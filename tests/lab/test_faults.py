@@ -360,7 +360,7 @@ def test_killed_while_the_wheels_step_replaces_triton_then_a_rerun_repairs(fault
     seed = int(os.environ.get("CDNA2_FAULT_SEED") or time.time())
     delay = random.Random(seed).uniform(0.3, 4.0)  # pip took 5-9 s to replace triton here, and under 4 s at times
     wheels = Path(fault_lab["lab_dir"]) / "mirror" / "wheels"
-    for attempt in range(4):
+    for _ in range(4):
         print(f"{killed} killed {delay:.2f} s into pip (seed {seed}; CDNA2_FAULT_SEED={seed} repeats it)")
         # triton 3.7.0 back, from the lab's mirror (a rollback restores the baseline, which earlier tests may have
         # moved, and so does a run that ended before the kill).
