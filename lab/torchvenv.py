@@ -22,8 +22,9 @@ from lab import wheelhouse
 TORCH_REQUIREMENT = "torch==2.13.0+cpu"
 # The triton vLLM 0.23-0.33 is deployed with (field-notes 2.2); its wheel comes from the project's wheelhouse.
 TRITON_REQUIREMENT = wheelhouse.TRITON_PINNED
-# What `import vllm` and vllm/platforms/rocm.py import before anything else (vLLM's wheels are unpacked with no deps).
-VLLM_IMPORT_REQUIREMENTS = ("packaging==26.4", "regex==2026.11.19")
+# What `import vllm` and vllm/platforms/rocm.py import before anything else (vLLM's wheels are unpacked with no deps),
+# and pydantic, which vllm.config is built on: attention backend selection reads the current VllmConfig.
+VLLM_IMPORT_REQUIREMENTS = ("packaging==26.4", "regex==2026.11.19", "pydantic==2.14.4")
 
 
 def _base_python() -> str:
@@ -59,7 +60,7 @@ def torch_cpu_python() -> Path:
         _run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               "--only-binary=:all:", TORCH_REQUIREMENT, "numpy", *VLLM_IMPORT_REQUIREMENTS, str(triton_wheel)],
              f"installing {TORCH_REQUIREMENT} and {triton_wheel.name} into {staging}")
-        _run([str(staging / "bin" / "python"), "-c", "import torch, triton, triton.language, numpy, packaging, regex"],
+        _run([str(staging / "bin" / "python"), "-c", "import torch, triton, triton.language, numpy, packaging, regex, pydantic"],
              f"importing torch and triton in {staging}")
         (staging / ".complete").touch()
         shutil.rmtree(venv, ignore_errors=True)

@@ -11,6 +11,12 @@ every FP8/FP4 gate closed, the CK int8 GEMM gates open exactly when vllm-ck-int8
 decode gate open exactly when vllm-fast-fp8-dequant was applied, and every other gate as stock; on gfx942 every gate
 answers the same before and after (a gate the patch adds must stay closed there). A linear kernel that none of
 vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it.
+
+Backend selection, for the model configs in lab/vllm_gates/models/ (vLLM's own selector, each kind of layer of each
+model, in the prefer order, the stock order and with --attention-backend ROCM_AITER_FA): patched gfx90a picks
+ROCM_AITER_FA for a model with full attention only, and never for any layer of a model with a sliding-window layer
+(field-notes 7.1: it corrupts them silently), where an explicit ROCM_AITER_FA is refused with the guard's reason;
+stock gfx90a never picks it; on gfx942 the stock order and the explicit choice are the same before and after.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ RELEASES = VLLM_RELEASES  # the coverage table's vLLM releases
 ARCHES = ("gfx90a", "gfx942")
 COLUMNS = (("gfx90a", "stock"), ("gfx90a", "patched"), ("gfx942", "stock"), ("gfx942", "patched"))
 RUNNER = Path(__file__).resolve().parents[2] / "lab" / "vllm_gates" / "runner.py"
+MODELS = RUNNER.parent / "models"  # HF config.json files of the model shapes the selection is judged on
+AITER_FA = "ROCM_AITER_FA"
+GUARD_REASON = "is served wrong by ROCM_AITER_FA on gfx90a"  # in vllm-attention-gate's sliding-window-guard site
+PREFER, STOCK_ORDER, EXPLICIT = "prefer", "stock order", "explicit ROCM_AITER_FA"  # lab/vllm_gates/runner.py ORDERS
 CK_INT8_SET, FAST_FP8_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant"
 # Every AITER feature switched on, so a closed gate is closed by the arch, never by an operator's default.
 ENVIRONMENT = {name: "1" for name in (
@@ -107,6 +117,16 @@ class ReleaseGates:
             return None
         return outcome["result"]["gates"].get(gate)
 
+    def selection(self, arch: str, tree: str) -> dict[str, dict]:
+        """Model name -> the runner's selection for it (layers, choices per order and kind) on that column."""
+        outcome = self.answers.get(tree, {}).get(arch)
+        if outcome is None or not outcome.get("ok"):
+            return {}
+        return outcome["result"].get("selection", {}).get("models", {})
+
+    def models(self) -> list[str]:
+        return sorted({name for arch, tree in COLUMNS for name in self.selection(arch, tree)})
+
     def to_json(self) -> dict:
         return {"version": self.version, "verdict": self.verdict, "failures": self.failures,
                 "patch_status": self.patch_status, "applied_sets": self.applied_sets, "variants": self.variants,
@@ -177,6 +197,91 @@ def judge(release: ReleaseGates) -> list[str]:
     return failures
 
 
+def choice_label(choice: dict) -> str:
+    """A selector outcome as a table word: the backend's name, "refused" (vLLM raised) or "error"."""
+    return choice.get("backend") or ("refused" if "refused" in choice else "error")
+
+
+def _choices_cell(choices: dict[str, dict] | None) -> str:
+    if not choices:
+        return "-"
+    labels = {kind: choice_label(choice) for kind, choice in choices.items()}
+    if len(set(labels.values())) == 1:
+        return next(iter(labels.values()))
+    return ", ".join(f"{kind} {label}" for kind, label in labels.items())
+
+
+def judge_selection(release: ReleaseGates) -> list[str]:
+    """The selection expectations of the module docstring, as failures naming the model, order, kind and choice."""
+    failures = []
+    for arch, tree in COLUMNS:
+        for model, selected in release.selection(arch, tree).items():
+            for order, choices in selected["choices"].items():
+                failures += [f"{model} on {arch} {tree} ({order}), {kind} layers: {choice['error']}"
+                             for kind, choice in choices.items() if "error" in choice]
+    if not release.patched:
+        return failures
+    for model in release.models():
+        patched = release.selection("gfx90a", "patched").get(model)
+        stock = release.selection("gfx90a", "stock").get(model)
+        for order, choices in (stock or {}).get("choices", {}).items():
+            failures += [f"{model} on stock gfx90a ({order}), {kind} layers: {AITER_FA} chosen; AITER is closed there"
+                         for kind, choice in choices.items() if choice.get("backend") == AITER_FA]
+        if patched is None:
+            failures.append(f"{model}: no selection on patched gfx90a")
+            continue
+        sliding = "sliding" in patched["layers"]
+        for kind, choice in patched["choices"][PREFER].items():
+            if sliding and choice.get("backend") in (AITER_FA, None):
+                failures.append(f"{model} (sliding-window layers) on patched gfx90a ({PREFER}), {kind} layers: "
+                                f"{choice_label(choice)}; expected a backend other than {AITER_FA}")
+            if not sliding and choice.get("backend") != AITER_FA:
+                failures.append(f"{model} (full attention) on patched gfx90a ({PREFER}), {kind} layers: "
+                                f"{choice_label(choice)}; expected {AITER_FA}")
+        for kind, choice in patched["choices"][STOCK_ORDER].items():
+            if sliding and choice.get("backend") == AITER_FA:
+                failures.append(f"{model} (sliding-window layers) on patched gfx90a ({STOCK_ORDER}), {kind} layers: "
+                                f"{AITER_FA}")
+        for kind, choice in patched["choices"][EXPLICIT].items():
+            if sliding and GUARD_REASON not in choice.get("refused", ""):
+                failures.append(f"{model} (sliding-window layers) on patched gfx90a ({EXPLICIT}), {kind} layers: "
+                                f"{choice_label(choice)}; expected the start-up refusal of the sliding-window guard")
+            if not sliding and choice.get("backend") != AITER_FA:
+                failures.append(f"{model} (full attention) on patched gfx90a ({EXPLICIT}), {kind} layers: "
+                                f"{choice_label(choice)}; expected {AITER_FA}")
+        before = release.selection("gfx942", "stock").get(model, {}).get("choices", {})
+        after = release.selection("gfx942", "patched").get(model, {}).get("choices", {})
+        for order in (STOCK_ORDER, EXPLICIT):
+            if before.get(order) != after.get(order):
+                failures.append(f"{model} on gfx942 ({order}) changed: {_choices_cell(before.get(order))} stock, "
+                                f"{_choices_cell(after.get(order))} patched")
+    return failures
+
+
+def sliding_window_fallback(release: ReleaseGates) -> str:
+    """Which backend patched gfx90a takes instead of ROCM_AITER_FA for the sliding-window models (prefer order)."""
+    picks = sorted({choice_label(choice) for model in release.models()
+                    for selected in [release.selection("gfx90a", "patched").get(model)] if selected
+                    and "sliding" in selected["layers"] for choice in selected["choices"][PREFER].values()})
+    return ", ".join(picks) or "-"
+
+
+def render_selection(releases: list[ReleaseGates]) -> str:
+    """The selection table: release x model x order, the backend per column (per layer kind where they differ)."""
+    header = ["release", "model", "layers", "order", *(f"{arch} {tree}" for arch, tree in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for release in releases:
+        for model in release.models():
+            layers = next((selected["layers"] for arch, tree in COLUMNS
+                           for selected in [release.selection(arch, tree).get(model)] if selected), {})
+            layer_text = " + ".join(f"{count} {kind}" for kind, count in layers.items())
+            for order in (PREFER, STOCK_ORDER, EXPLICIT):
+                cells = [_choices_cell(release.selection(arch, tree).get(model, {}).get("choices", {}).get(order))
+                         for arch, tree in COLUMNS]
+                lines.append("| " + " | ".join([release.version, model, layer_text, order, *cells]) + " |")
+    return "\n".join(lines)
+
+
 def render(releases: list[ReleaseGates]) -> str:
     """The gate table (release x gate x the four columns) and one verdict line per release."""
     header = ["release", "gate", "kind", *(f"{arch} {tree}" for arch, tree in COLUMNS)]
@@ -187,10 +292,16 @@ def render(releases: list[ReleaseGates]) -> str:
                          *(_cell(release.answer(gate, arch, tree)) for arch, tree in COLUMNS)])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if any(release.models() for release in releases):
+        lines += ["", "Attention backend chosen by vLLM's selector per model (VLLM_PREFER_AITER_FA=1 for prefer, 0 for "
+                  "the stock order; explicit: --attention-backend ROCM_AITER_FA, refused = vLLM raises at start-up)",
+                  "", render_selection(releases)]
     lines.append("")
     for release in releases:
         sets = ", ".join(f"{name} ({release.variants.get(name, '?')})" for name in release.applied_sets)
         lines.append(f"vLLM {release.version}: {release.verdict}" + (f"; patched with {sets}" if sets else ""))
+        if release.patched and release.models():
+            lines.append(f"  sliding-window models on patched gfx90a are served by {sliding_window_fallback(release)}")
         lines += [f"  optional set {name} not applied: {reason.splitlines()[0]}"
                   for name, reason in release.refused_sets.items()]
         lines += [f"  {failure}" for failure in release.failures]
@@ -234,6 +345,11 @@ def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: 
     return True
 
 
+def load_models(directory: Path = MODELS) -> dict[str, dict]:
+    """The model configs (HF config.json) the selection is judged on, by file stem."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(directory.glob("*.json"))}
+
+
 def run_runner(python: Path, spec: dict) -> dict:
     result = subprocess.run([str(python), str(RUNNER)], input=json.dumps(spec), capture_output=True, text=True)
     if result.returncode != 0:
@@ -272,7 +388,7 @@ def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda l
         prepared = [prepare_release(version, catalog, Path(scratch) / version, progress) for version in versions]
         entries = [entry for _, entry in prepared]
         shares = [entries[index::workers] for index in range(min(workers, len(entries)))]
-        spec = {"arches": list(ARCHES), "environment": ENVIRONMENT,
+        spec = {"arches": list(ARCHES), "environment": ENVIRONMENT, "models": load_models(),
                 "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}
         progress(f"evaluating the gates of {len(entries)} releases in {len(shares)} runners")
         answers: dict[str, dict] = {}
@@ -281,7 +397,7 @@ def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda l
                 answers.update(share_answers)
     for release, _ in prepared:
         release.answers = answers[release.version]
-        release.failures = judge(release)
+        release.failures = judge(release) + judge_selection(release)
     return [release for release, _ in prepared]
 
 

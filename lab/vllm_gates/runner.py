@@ -2,12 +2,15 @@
 
 Usage, inside the torch-CPU venv (lab/torchvenv.py):  python runner.py < SPEC.json > RESULT.json
 SPEC: {"releases": [{"version": V, "stock": DIR, "patched": DIR or null}, ...], "arches": ["gfx90a", "gfx942"],
-"environment": {NAME: VALUE}, "bytecode_cache": DIR or null}; RESULT: {V: {"stock"|"patched": {arch: outcome}}}.
+"environment": {NAME: VALUE}, "bytecode_cache": DIR or null, "models": {NAME: HF config.json} (optional)};
+RESULT: {V: {"stock"|"patched": {arch: outcome}}}. With models, each outcome also holds "selection": the attention
+backend vLLM's own selector picks for each kind of layer of each model (``evaluate_selection``).
 ``stock`` is an unpacked vLLM tree (site-packages layout); ``patched`` holds only the files the patch engine wrote
 (and the dist-info), which shadow the stock files of the same path.
 
 vLLM is imported from those trees, file by file as it is installed. What cannot exist here is doubled, by name:
-amdsmi (the device query, doubles/amdsmi) and amd-aiter (AiterDouble); vLLM's compiled extensions fail to load
+amdsmi (the device query, doubles/amdsmi), amd-aiter (AiterDouble) and, for backend selection, the model's
+VllmConfig (ConfigDouble); vLLM's compiled extensions fail to load
 as they would on any machine without a GPU, and vLLM carries on as it does there. vLLM's wheels are unpacked without
 their dependencies, so a vLLM module is loaded statement by statement: a top-level import that fails binds the
 names it would have bound to ``Unavailable`` markers, which raise on any use (a gate that needs one reports an
@@ -365,7 +368,117 @@ def _record_op_registrations(registered: list[str]) -> None:
     torch_utils.direct_register_custom_op = recording_register
 
 
-def run_configuration(roots: list[Path], arch: str, environment: dict[str, str]) -> dict:
+class ConfigDouble:
+    """Test double of vLLM's VllmConfig and ModelConfig for one model, for backend selection.
+
+    The real ModelConfig needs the model's files, its tokenizer and vLLM's whole dependency set (transformers, the
+    model registry). This one holds what selection reads: the model's HF config as given (``hf_config``,
+    ``hf_text_config``) and vLLM's own CacheConfig, AttentionConfig and ParallelConfig with their defaults. Any other
+    attribute reads as None (unset, as in a plain single-GPU run) and its name is listed in the result, so a release
+    that starts reading something new shows it.
+    """
+
+    def __init__(self, values: dict, unset: set[str]) -> None:
+        self.__dict__.update(values)
+        self._unset = unset
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        self._unset.add(name)
+        return None
+
+
+FULL, SLIDING = "full", "sliding"
+# The orders vLLM's ROCm priority list can have: VLLM_PREFER_AITER_FA (the optional vllm-prefer-aiter-fa set) puts
+# ROCM_AITER_FA ahead of ROCM_ATTN; stock vLLM ignores the variable. "explicit" is --attention-backend ROCM_AITER_FA.
+ORDERS = {"prefer": "1", "stock order": "0"}
+EXPLICIT = "explicit ROCM_AITER_FA"
+
+
+def layer_kinds(text_config: dict) -> dict[str, int]:
+    """How many layers of each kind (full, sliding) the model's vLLM code builds, as its model files derive the
+    per-layer window from the HF config: ``layer_types``, else a per-layer ``sliding_window`` list, else one
+    ``sliding_window`` for every layer (unless ``use_sliding_window`` is false)."""
+    layers = int(text_config.get("num_hidden_layers") or 0)
+    layer_types = text_config.get("layer_types")
+    window = text_config.get("sliding_window")
+    if layer_types:
+        kinds = [SLIDING if "sliding" in str(kind) else FULL for kind in layer_types]
+    elif isinstance(window, list):
+        kinds = [SLIDING if size else FULL for size in window]
+    elif window and text_config.get("use_sliding_window", True) is not False:
+        kinds = [SLIDING] * layers
+    else:
+        kinds = [FULL] * layers
+    return {kind: kinds.count(kind) for kind in (FULL, SLIDING) if kinds.count(kind)}
+
+
+def _backend_name(backend_class) -> str:
+    """The AttentionBackendEnum name whose class path is this class (members with no class here are skipped)."""
+    registry = importlib.import_module("vllm.v1.attention.backends.registry")
+    path = f"{backend_class.__module__}.{backend_class.__qualname__}"
+    for member in registry.AttentionBackendEnum:
+        try:
+            if member.get_path() == path:
+                return member.name
+        except ValueError:  # a backend that must be registered by a plugin first (TORCH_SDPA on ROCm)
+            continue
+    return path
+
+
+def _select(selector, head_size: int, dtype, sliding: bool) -> dict:
+    """One layer's choice through vLLM's entry point (what its Attention layer calls), as a name or a refusal."""
+    arguments = {"head_size": head_size, "dtype": dtype, "kv_cache_dtype": "auto"}
+    if "has_sliding_window" in inspect.signature(selector.get_attn_backend).parameters:  # vLLM 0.26 on
+        arguments["has_sliding_window"] = sliding
+    selector._cached_get_attn_backend.cache_clear()
+    try:
+        backend = selector.get_attn_backend(**arguments)
+    except ValueError as error:  # vLLM's own refusal: no valid backend, or the selected one is not valid
+        return {"refused": str(error)}
+    except Exception as error:
+        return {"error": f"{type(error).__name__}: {error}"}
+    return {"backend": _backend_name(backend)}
+
+
+def evaluate_selection(models: dict[str, dict]) -> dict:
+    """Per model: its layer kinds and, per order (and for --attention-backend ROCM_AITER_FA), the attention backend
+    vLLM's selector picks for each kind, with the model's config current as during vLLM's model construction."""
+    import torch
+
+    config = importlib.import_module("vllm.config")
+    selector = importlib.import_module("vllm.v1.attention.selector")
+    caller_preference = os.environ.get("VLLM_PREFER_AITER_FA")
+    unset: set[str] = set()
+    results = {}
+    for name, hf_config in models.items():
+        text = hf_config.get("text_config") or hf_config
+        kinds = layer_kinds(text)
+        head_size = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+        dtype = getattr(torch, text.get("torch_dtype") or hf_config.get("torch_dtype") or "bfloat16")
+        namespace = json.loads(json.dumps(text), object_hook=lambda values: types.SimpleNamespace(**values))
+        model_config = ConfigDouble({"hf_config": namespace, "hf_text_config": namespace, "dtype": dtype}, unset)
+        defaults = {"cache_config": config.CacheConfig(), "attention_config": config.AttentionConfig(),
+                    "parallel_config": config.ParallelConfig()}
+        vllm_config = ConfigDouble({"model_config": model_config, **defaults}, unset)
+        choices = {}
+        with config.set_current_vllm_config(vllm_config):
+            for order, preference in ORDERS.items():
+                os.environ["VLLM_PREFER_AITER_FA"] = preference
+                choices[order] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
+            vllm_config.attention_config = config.AttentionConfig(backend="ROCM_AITER_FA")
+            choices[EXPLICIT] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
+        results[name] = {"layers": kinds, "head_size": head_size, "dtype": str(dtype).removeprefix("torch."),
+                         "choices": choices}
+    if caller_preference is None:
+        os.environ.pop("VLLM_PREFER_AITER_FA", None)
+    else:
+        os.environ["VLLM_PREFER_AITER_FA"] = caller_preference
+    return {"models": results, "unset_configs": sorted(unset)}
+
+
+def run_configuration(roots: list[Path], arch: str, environment: dict[str, str], models: dict[str, dict]) -> dict:
     """In a fresh process: vLLM from ``roots`` on a pretend ``arch``, and what its gates answer there."""
     sys.path.append(str(roots[-1]))  # the stock tree, for the dist-info only (vLLM reads its own version)
     os.environ.update(environment)
@@ -378,9 +491,11 @@ def run_configuration(roots: list[Path], arch: str, environment: dict[str, str])
     detected = {"platform": type(platform).__name__, "gcn_arch": rocm._GCN_ARCH,
                 "capability": platform.get_device_capability().to_int()}
     gates = evaluate_gates(registered, rocm_candidates(roots))
+    result = {"arch": arch, "detected": detected, "gates": gates}
+    if models:
+        result["selection"] = evaluate_selection(models)
     outside = sorted(name for name in sys.modules if name.split(".")[0] not in ("vllm", "amdsmi", "aiter"))
-    return {"arch": arch, "detected": detected, "gates": gates, "substitutions": SUBSTITUTIONS.to_json(),
-            "modules_outside_vllm": outside}
+    return {**result, "substitutions": SUBSTITUTIONS.to_json(), "modules_outside_vllm": outside}
 
 
 def in_child(work, *args) -> dict:
@@ -440,7 +555,7 @@ def main() -> int:
         results[release["version"]] = {label: {} for label in trees}
         for label, roots in trees.items():
             for arch in spec["arches"]:
-                outcome = in_child(run_configuration, roots, arch, spec["environment"])
+                outcome = in_child(run_configuration, roots, arch, spec["environment"], spec.get("models") or {})
                 if outcome["ok"]:
                     _preload(outcome["result"].pop("modules_outside_vllm"))
                 results[release["version"]][label][arch] = outcome
