@@ -373,13 +373,14 @@ def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Pr
 
 
 def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda line: None,
-             workers: int = 2) -> list[ReleaseGates]:
+             workers: int = 2, catalog: Catalog | None = None) -> list[ReleaseGates]:
     """Every release in ``versions``, in the given order: ``workers`` runners (each one busy process) share them.
+    ``catalog``: the patch sets to apply (default: the packaged ones).
 
     A runner imports torch and what vLLM pulls in from outside itself once, then forks a child per release, tree
     and arch: that import (about 10 CPU-s) is paid per runner, not per release.
     """
-    catalog = load_catalog()
+    catalog = catalog or load_catalog()
     progress("torch-CPU venv: building or reusing it")
     from lab import torchvenv
 

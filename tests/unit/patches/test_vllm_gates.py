@@ -152,3 +152,139 @@ def test_categories():
     assert gates.category("rocm_aiter_ops.is_shuffle_kv_cache_enabled()") == gates.ATTENTION
     assert gates.category("AiterInt8ScaledMMLinearKernel.is_supported()") == gates.INT8
     assert gates.category("rocm_aiter_ops.is_mla_enabled()") == gates.OTHER
+
+
+# ------------------------------------------------------------------- backend selection: the sliding-window guard
+
+FULL_MODEL, SLIDING_MODELS = "llama-full-attention", ("gemma3-interleaved-sliding", "mistral-all-sliding",
+                                                      "hybrid-sliding-full")
+
+
+def _choices(release: gates.ReleaseGates, model: str, arch: str, tree: str, order: str) -> dict[str, dict]:
+    selected = release.selection(arch, tree).get(model)
+    assert selected is not None, f"vLLM {release.version}: no selection for {model} on {arch} {tree}"
+    return selected["choices"][order]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", gates.RELEASES)
+def test_patched_gfx90a_never_selects_aiter_fa_for_a_model_with_a_sliding_window(evaluated, version):
+    """vLLM's own selector, per layer kind, on the four model configs: the guard declines ROCM_AITER_FA for every layer
+    of the three sliding-window models on patched gfx90a (the next backend takes them; an explicit choice fails at
+    start-up), keeps it for the full-attention one, and changes nothing on gfx942."""
+    release = evaluated[version]
+    assert set(release.models()) == {FULL_MODEL, *SLIDING_MODELS}
+    assert release.selection("gfx90a", "patched")[FULL_MODEL]["layers"] == {"full": 32}
+    assert release.selection("gfx90a", "patched")["hybrid-sliding-full"]["layers"] == {"full": 12, "sliding": 36}
+    full = _choices(release, FULL_MODEL, "gfx90a", "patched", gates.PREFER)
+    assert {kind: choice.get("backend") for kind, choice in full.items()} == {"full": gates.AITER_FA}
+    assert _choices(release, FULL_MODEL, "gfx90a", "patched", gates.EXPLICIT)["full"] == {"backend": gates.AITER_FA}
+    for model in SLIDING_MODELS:
+        for kind, choice in _choices(release, model, "gfx90a", "patched", gates.PREFER).items():
+            assert choice.get("backend") not in (None, gates.AITER_FA), f"vLLM {version}: {model} {kind}: {choice}"
+        for kind, choice in _choices(release, model, "gfx90a", "patched", gates.EXPLICIT).items():
+            assert gates.GUARD_REASON in choice.get("refused", ""), f"vLLM {version}: {model} {kind}: {choice}"
+            assert "serve this model with ROCM_ATTN or TRITON_ATTN" in choice["refused"]
+    for model in (FULL_MODEL, *SLIDING_MODELS):
+        for order in (gates.STOCK_ORDER, gates.EXPLICIT):
+            assert _choices(release, model, "gfx942", "stock", order) == \
+                _choices(release, model, "gfx942", "patched", order), f"vLLM {version}: {model} {order} on gfx942"
+        assert _choices(release, model, "gfx942", "stock", gates.EXPLICIT) == \
+            {kind: {"backend": gates.AITER_FA} for kind in release.selection("gfx942", "stock")[model]["layers"]}
+    assert gates.judge_selection(release) == []
+    assert f"vLLM {version}: ok" in gates.render([release])
+    assert f"sliding-window models on patched gfx90a are served by {gates.sliding_window_fallback(release)}" in \
+        gates.render([release])
+
+
+@pytest.mark.slow
+def test_without_the_guard_site_the_table_fails_every_sliding_model(tmp_path):
+    """The same evaluation with vllm-attention-gate's sliding-window-guard site removed from the data: patched
+    gfx90a then picks ROCM_AITER_FA for the sliding models and the verdict is FAIL, naming each of them."""
+    import shutil
+
+    import yaml
+
+    from cdna2.patches.catalog import DEFAULT_PATCHSET_DIR, load_catalog
+
+    shutil.copytree(DEFAULT_PATCHSET_DIR, tmp_path / "patchsets")
+    path = tmp_path / "patchsets" / "vllm-attention-gate.yaml"
+    data = yaml.safe_load(path.read_text())
+    for variant in data["variants"]:
+        variant["sites"] = [site for site in variant["sites"] if site["id"] != "sliding-window-guard"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    [release] = gates.evaluate(("0.33.0",), catalog=load_catalog(tmp_path / "patchsets"), workers=1)
+    assert release.verdict == "FAIL"
+    for model in SLIDING_MODELS:
+        assert any(failure.startswith(f"{model} (sliding-window layers) on patched gfx90a (prefer)")
+                   and failure.endswith(f"{gates.AITER_FA}; expected a backend other than {gates.AITER_FA}")
+                   for failure in release.failures), release.failures
+        assert any(failure.startswith(f"{model} (sliding-window layers) on patched gfx90a (explicit ROCM_AITER_FA)")
+                   for failure in release.failures), release.failures
+    assert not any(failure.startswith(FULL_MODEL) for failure in release.failures)
+
+
+def _selected(backend_by_column: dict[tuple[str, str], dict[str, dict[str, dict]]]) -> dict:
+    """Runner-shaped answers with a selection: (tree, arch) -> model -> order -> kind -> choice."""
+    answers = _answers(GOOD)
+    for (tree, arch), models in backend_by_column.items():
+        answers[tree][arch]["result"]["selection"] = {"models": {
+            model: {"layers": {kind: 1 for kind in next(iter(orders.values()))}, "choices": orders}
+            for model, orders in models.items()}, "unset_configs": []}
+    return answers
+
+
+AITER, ROCM_ATTN = {"backend": "ROCM_AITER_FA"}, {"backend": "ROCM_ATTN"}
+GUARDED = {"refused": f"Selected backend is not valid. Reason: ['sliding-window attention {gates.GUARD_REASON}']"}
+CAPABILITY = {"refused": "Selected backend is not valid. Reason: ['compute capability not supported']"}
+
+
+def _good_selection() -> dict:
+    def column(full_explicit, sliding_prefer, sliding_explicit, full_prefer=AITER):
+        return {FULL_MODEL: {gates.PREFER: {"full": full_prefer}, gates.STOCK_ORDER: {"full": ROCM_ATTN},
+                             gates.EXPLICIT: {"full": full_explicit}},
+                "hybrid": {gates.PREFER: {"full": sliding_prefer, "sliding": sliding_prefer},
+                           gates.STOCK_ORDER: {"full": ROCM_ATTN, "sliding": ROCM_ATTN},
+                           gates.EXPLICIT: {"full": sliding_explicit, "sliding": sliding_explicit}}}
+    return {("stock", "gfx90a"): column(CAPABILITY, ROCM_ATTN, CAPABILITY, full_prefer=ROCM_ATTN),
+            ("patched", "gfx90a"): column(AITER, ROCM_ATTN, GUARDED),
+            ("stock", "gfx942"): column(AITER, ROCM_ATTN, AITER, full_prefer=ROCM_ATTN),
+            ("patched", "gfx942"): column(AITER, AITER, AITER)}
+
+
+def _judged_selection(selection: dict) -> list[str]:
+    return gates.judge_selection(gates.ReleaseGates("9.9.9", "apply", answers=_selected(selection)))
+
+
+def test_selection_judge_accepts_the_expected_choices():
+    selection = _good_selection()
+    assert _judged_selection(selection) == []
+    release = gates.ReleaseGates("9.9.9", "apply", answers=_selected(selection))
+    assert gates.sliding_window_fallback(release) == "ROCM_ATTN"
+    table = gates.render([release])
+    assert "| 9.9.9 | hybrid | 1 full + 1 sliding | explicit ROCM_AITER_FA | refused | refused | " \
+           "ROCM_AITER_FA | ROCM_AITER_FA |" in table
+    assert "  sliding-window models on patched gfx90a are served by ROCM_ATTN" in table
+
+
+@pytest.mark.parametrize("column, model, order, kind, choice, expected", [
+    (("patched", "gfx90a"), "hybrid", gates.PREFER, "full", AITER,
+     "hybrid (sliding-window layers) on patched gfx90a (prefer), full layers: ROCM_AITER_FA; expected a backend "
+     "other than ROCM_AITER_FA"),
+    (("patched", "gfx90a"), "hybrid", gates.EXPLICIT, "sliding", AITER,
+     "hybrid (sliding-window layers) on patched gfx90a (explicit ROCM_AITER_FA), sliding layers: ROCM_AITER_FA; "
+     "expected the start-up refusal of the sliding-window guard"),
+    (("patched", "gfx90a"), FULL_MODEL, gates.PREFER, "full", ROCM_ATTN,
+     f"{FULL_MODEL} (full attention) on patched gfx90a (prefer), full layers: ROCM_ATTN; expected ROCM_AITER_FA"),
+    (("stock", "gfx90a"), FULL_MODEL, gates.PREFER, "full", AITER,
+     f"{FULL_MODEL} on stock gfx90a (prefer), full layers: ROCM_AITER_FA chosen; AITER is closed there"),
+    (("patched", "gfx942"), "hybrid", gates.EXPLICIT, "sliding", GUARDED,
+     "hybrid on gfx942 (explicit ROCM_AITER_FA) changed: ROCM_AITER_FA stock, full ROCM_AITER_FA, sliding refused "
+     "patched"),
+    (("patched", "gfx90a"), FULL_MODEL, gates.STOCK_ORDER, "full", {"error": "RuntimeError: x is unavailable here"},
+     f"{FULL_MODEL} on gfx90a patched (stock order), full layers: RuntimeError: x is unavailable here"),
+])
+def test_selection_judge_names_each_broken_expectation(column, model, order, kind, choice, expected):
+    selection = _good_selection()
+    selection[column][model][order][kind] = choice
+    assert _judged_selection(selection) == [expected]
