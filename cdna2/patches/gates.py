@@ -315,8 +315,10 @@ def _plan(catalog: Catalog, root: Path, optional: list[str]) -> PackagePlan:
     return plan_package(catalog, "vllm", version, files, record, optional)
 
 
-def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: Path) -> bool:
-    """Apply the required vLLM sets plus every optional one the planner accepts on top of them, to ``root``.
+def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: Path,
+               optional: list[str] | None = None) -> bool:
+    """Apply the required vLLM sets plus every optional one the planner accepts on top of them (or exactly the
+    ``optional`` ones, as a host holds them), to ``root``.
 
     The planner is all or nothing per package, so each optional set is tried on its own first; one it refuses is
     recorded with the reason and left out, never silently. Returns whether anything was applied.
@@ -324,7 +326,7 @@ def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: 
     from cdna2.patches.cli import apply_in_place
 
     accepted: list[str] = []
-    for name in sorted(catalog.optional_sets()):
+    for name in sorted(catalog.optional_sets()) if optional is None else optional:
         if catalog.by_name(name).package != "vllm":
             continue
         plan = _plan(catalog, root, [*accepted, name])
@@ -358,8 +360,10 @@ def run_runner(python: Path, spec: dict) -> dict:
     return json.loads(result.stdout)
 
 
-def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Progress) -> tuple[ReleaseGates, dict]:
-    """Unpack (cached), copy and patch one release; the runner's entry for it. ``work_dir`` holds the patched copy."""
+def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Progress,
+                    optional: list[str] | None = None) -> tuple[ReleaseGates, dict]:
+    """Unpack (cached), copy and patch one release (``optional``: see patch_copy); the runner's entry for it.
+    ``work_dir`` holds the patched copy."""
     from lab import wheelhouse
 
     requirement = f"vllm=={version}"
@@ -367,7 +371,7 @@ def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Pr
     tree = wheelhouse.installed_tree(requirement)
     copy = wheelhouse.copy_subset(tree, catalog.target_files("vllm"), work_dir / "site-packages")
     release = ReleaseGates(version=version, patch_status="")
-    patched = patch_copy(catalog, copy, release, work_dir / "backups")
+    patched = patch_copy(catalog, copy, release, work_dir / "backups", optional)
     progress(f"vLLM {version}: {'patched with ' + ', '.join(release.applied_sets) if patched else 'not patched'}")
     return release, {"version": version, "stock": str(tree), "patched": str(copy) if patched else None}
 

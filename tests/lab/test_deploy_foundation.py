@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,35 @@ def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_th
         assert "kernel_hazard_policy: recorded default, host data strict: run the deploy" in detail, detail
         assert "int8_k32_split: recorded off, host data on: run the deploy" in detail, detail
         assert "pad_mfma_hazards" not in detail, detail
+
+
+@pytest.mark.parametrize("model, backend, prefill", [
+    ("llama-full-attention", "ROCM_ATTN", "vLLM's ROCm attention"),
+    ("gemma3-interleaved-sliding", "ROCM_ATTN", "vLLM's ROCm attention")])
+def test_explain_names_what_vllm_runs_on_a_deployed_host(lab: dict, deployed, tmp_path: Path, model, backend,
+                                                          prefill) -> None:
+    """explain --host mi210-a: the host's vLLM 0.23.0 as the deploy report recorded it (the required set only, as
+    inventory/sim.py deploys), asked through vLLM's own selector. Llama: AITER FA is admitted but ROCM_ATTN comes
+    first without the prefer set; Gemma: the sliding-window guard refuses AITER FA for every layer."""
+    _, second, _, _ = deployed
+    report = tmp_path / "deploy.json"
+    report.write_text(json.dumps(second.report))
+    command = [str(REPO / ".venv/bin/python"), "-m", "cdna2", "explain", "--config",
+               str(REPO / "lab/vllm_gates/models" / f"{model}.json"), "--host", "mi210-a", "--report", str(report)]
+    result = subprocess.run([*command, "--json"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    explanation = json.loads(result.stdout)
+    assert explanation["target"]["version"] == "0.23.0" and explanation["arch"] == "gfx90a"
+    assert explanation["patch_sets"] == ["vllm-attention-gate"]
+    assert {layer["backend"] for layer in explanation["attention"]} == {backend}
+    assert all(layer["prefill"]["kernel"].startswith(prefill) for layer in explanation["attention"])
+    decided = [line for layer in explanation["attention"] for line in layer["decided_by"]]
+    if model.startswith("gemma"):
+        assert all("is served wrong by ROCM_AITER_FA on gfx90a" in
+                   next(line for line in layer["decided_by"] if "refused" in line)
+                   for layer in explanation["attention"])
+    else:
+        assert any("ROCM_AITER_FA is valid, but ROCM_ATTN comes first" in line for line in decided)
+    text = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    assert text.returncode == 0 and f"attention backend {backend}" in text.stdout
+    assert "mi210-a (gfx90a, vLLM 0.23.0" in text.stdout
