@@ -15,8 +15,9 @@ vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it
 Backend selection, for the model configs in lab/vllm_gates/models/ (vLLM's own selector, each kind of layer of each
 model, in the prefer order, the stock order and with --attention-backend ROCM_AITER_FA): patched gfx90a picks
 ROCM_AITER_FA for a model with full attention only, and never for any layer of a model with a sliding-window layer
-(field-notes 7.1: it corrupts them silently), where an explicit ROCM_AITER_FA is refused with the guard's reason;
-stock gfx90a never picks it; on gfx942 the stock order and the explicit choice are the same before and after.
+(field-notes 7.1: it corrupts them silently), logging the guard's reason, with which an explicit ROCM_AITER_FA is
+refused; stock gfx90a never picks it; on gfx942 the stock order and the explicit choice are the same before and
+after.
 """
 
 from __future__ import annotations
@@ -242,6 +243,9 @@ def judge_selection(release: ReleaseGates) -> list[str]:
             if sliding and choice.get("backend") == AITER_FA:
                 failures.append(f"{model} (sliding-window layers) on patched gfx90a ({STOCK_ORDER}), {kind} layers: "
                                 f"{AITER_FA}")
+        if sliding and not any(GUARD_REASON in text for text in patched.get("warnings", [])):
+            failures.append(f"{model} (sliding-window layers) on patched gfx90a: vLLM logged no warning naming the "
+                            f"guard's reason ({patched.get('warnings')})")
         for kind, choice in patched["choices"][EXPLICIT].items():
             if sliding and GUARD_REASON not in choice.get("refused", ""):
                 failures.append(f"{model} (sliding-window layers) on patched gfx90a ({EXPLICIT}), {kind} layers: "

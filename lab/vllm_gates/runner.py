@@ -27,6 +27,7 @@ import importlib.abc
 import importlib.util
 import inspect
 import json
+import logging
 import marshal
 import os
 import sys
@@ -390,6 +391,7 @@ class ConfigDouble:
 
 
 FULL, SLIDING = "full", "sliding"
+AITER_FA = "ROCM_AITER_FA"
 # The orders vLLM's ROCm priority list can have: VLLM_PREFER_AITER_FA (the optional vllm-prefer-aiter-fa set) puts
 # ROCM_AITER_FA ahead of ROCM_ATTN; stock vLLM ignores the variable. "explicit" is --attention-backend ROCM_AITER_FA.
 ORDERS = {"prefer": "1", "stock order": "0"}
@@ -442,11 +444,25 @@ def _select(selector, head_size: int, dtype, sliding: bool) -> dict:
     return {"backend": _backend_name(backend)}
 
 
+class WarningCapture(logging.Handler):
+    """The warnings vLLM's loggers emit (they do not propagate to the root logger), in order."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def evaluate_selection(models: dict[str, dict]) -> dict:
     """Per model: its layer kinds and, per order (and for --attention-backend ROCM_AITER_FA), the attention backend
-    vLLM's selector picks for each kind, with the model's config current as during vLLM's model construction."""
+    vLLM's selector picks for each kind, with the model's config current as during vLLM's model construction, and
+    the warnings vLLM logged meanwhile that name ROCM_AITER_FA."""
     import torch
 
+    warnings = WarningCapture()
+    logging.getLogger("vllm").addHandler(warnings)
     config = importlib.import_module("vllm.config")
     selector = importlib.import_module("vllm.v1.attention.selector")
     caller_preference = os.environ.get("VLLM_PREFER_AITER_FA")
@@ -470,7 +486,8 @@ def evaluate_selection(models: dict[str, dict]) -> dict:
             vllm_config.attention_config = config.AttentionConfig(backend="ROCM_AITER_FA")
             choices[EXPLICIT] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
         results[name] = {"layers": kinds, "head_size": head_size, "dtype": str(dtype).removeprefix("torch."),
-                         "choices": choices}
+                         "choices": choices, "warnings": [text for text in warnings.messages if AITER_FA in text]}
+        warnings.messages.clear()
     if caller_preference is None:
         os.environ.pop("VLLM_PREFER_AITER_FA", None)
     else:

@@ -185,6 +185,10 @@ def test_patched_gfx90a_never_selects_aiter_fa_for_a_model_with_a_sliding_window
         for kind, choice in _choices(release, model, "gfx90a", "patched", gates.EXPLICIT).items():
             assert gates.GUARD_REASON in choice.get("refused", ""), f"vLLM {version}: {model} {kind}: {choice}"
             assert "serve this model with ROCM_ATTN or TRITON_ATTN" in choice["refused"]
+        [warning, *_] = release.selection("gfx90a", "patched")[model]["warnings"]
+        assert warning.startswith("gfx90a: ROCM_AITER_FA declined: sliding-window attention (")
+    for tree in ("stock", "patched"):
+        assert not any(selected["warnings"] for selected in release.selection("gfx942", tree).values())
     for model in (FULL_MODEL, *SLIDING_MODELS):
         for order in (gates.STOCK_ORDER, gates.EXPLICIT):
             assert _choices(release, model, "gfx942", "stock", order) == \
@@ -229,7 +233,9 @@ def _selected(backend_by_column: dict[tuple[str, str], dict[str, dict[str, dict]
     answers = _answers(GOOD)
     for (tree, arch), models in backend_by_column.items():
         answers[tree][arch]["result"]["selection"] = {"models": {
-            model: {"layers": {kind: 1 for kind in next(iter(orders.values()))}, "choices": orders}
+            model: {"layers": {kind: 1 for kind in next(iter(orders.values()))}, "choices": orders,
+                    "warnings": [f"gfx90a: ROCM_AITER_FA declined: ... {gates.GUARD_REASON} ..."]
+                    if (tree, arch) == ("patched", "gfx90a") and model != FULL_MODEL else []}
             for model, orders in models.items()}, "unset_configs": []}
     return answers
 
@@ -288,3 +294,10 @@ def test_selection_judge_names_each_broken_expectation(column, model, order, kin
     selection = _good_selection()
     selection[column][model][order][kind] = choice
     assert _judged_selection(selection) == [expected]
+
+
+def test_selection_judge_wants_the_guard_logged():
+    release = gates.ReleaseGates("9.9.9", "apply", answers=_selected(_good_selection()))
+    release.answers["patched"]["gfx90a"]["result"]["selection"]["models"]["hybrid"]["warnings"] = []
+    assert gates.judge_selection(release) == [
+        "hybrid (sliding-window layers) on patched gfx90a: vLLM logged no warning naming the guard's reason ([])"]
