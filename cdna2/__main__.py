@@ -14,7 +14,6 @@ import sys
 COMMAND_MODULES = (
     "cdna2.kernels.cli",  # translate, classify
     "cdna2.patches.cli",  # patch {plan,apply,check,revert}
-    "cdna2.patches.explain",  # explain
     "cdna2.wheels",  # wheels plan
     "cdna2.hostdata",  # validate-data
 )

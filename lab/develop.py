@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 from cdna2.host.state import write_file_atomically
-from cdna2.patches.coverage import aiter_git, aiter_version
+from lab.aiter_git import aiter_git, aiter_version
 from lab import venvs, wheelhouse
 from lab.kinds import Kind
 

@@ -93,7 +93,7 @@ GPU_CHECKS = (
     GpuCheck("pa_fwd_asm_bf16_block16_gqa8", "pa_fwd_asm", r"^pa/", "pa_fwd_asm bf16 block 16 GQA 8"),
     # The sliding-window path is CK, not ASM, in every AITER we know; the guard is its result, not a load line.
     # It is AITER's own entry; vLLM's ROCM_AITER_FA is kept off sliding-window models by vllm-attention-gate's
-    # sliding-window-guard site, proven by `patch gates`, not here.
+    # sliding-window-guard site, proven by `python -m releases gates`, not here.
     GpuCheck("sliding_window_attention", "sliding_window", None,
              "sliding-window varlen attention (window 256) through AITER's flash_attn_varlen_func (CK), AITER's own "
              "path; vLLM serves no sliding-window model with ROCM_AITER_FA on gfx90a (its guard)"),

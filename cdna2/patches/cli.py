@@ -1,4 +1,4 @@
-"""``python -m cdna2 patch {plan,apply,check,revert,coverage,port,gates}``: the patch engine on one box, no pyinfra.
+"""``python -m cdna2 patch {plan,apply,check,revert,port}``: the patch engine on one box, no pyinfra.
 
 The same pieces the deploy uses: a local probe of the site-packages, ``plan_package`` per package, and the host
 transaction (``cdna2.host.txn``) plus JIT invalidation (``cdna2.host.jit``) run locally.
@@ -108,22 +108,6 @@ def _print_plan(package: str, plan: PackagePlan | None, show_diff: bool) -> None
         print(f"   JIT outputs to remove after the change: {', '.join(plan.jit_invalidations)}")
 
 
-def _coverage(catalog: Catalog, as_json: bool) -> int:
-    from cdna2.patches import coverage
-
-    try:
-        trees = coverage.release_trees(catalog)
-    except coverage.SourceMissing as error:
-        print(f"coverage: {error}", file=sys.stderr)
-        return 1
-    results = [coverage.release_result(catalog, package, release, tree) for package, release, tree in trees]
-    print(coverage.to_json(results) if as_json else coverage.table(results, catalog))
-    required = {patch_set.name for patch_set in catalog.sets if not patch_set.optional}
-    failed = any(result.cycle != "ok" or any(result.cells[name] != "patched" for name in required & set(result.cells))
-                 for result in results)
-    return 1 if failed else 0
-
-
 def _port(catalog: Catalog, args: argparse.Namespace) -> int:
     """Print a draft variant of one set for the release installed at --site-packages; writes nothing."""
     from cdna2.patches.port import draft_variant, draft_yaml
@@ -145,20 +129,11 @@ def _port(catalog: Catalog, args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.action == "gates":
-        if args.json is True:
-            print("patch gates --json takes a file name (the table always goes to stdout)", file=sys.stderr)
-            return 2
-        from cdna2.patches import gates  # needs the lab's wheel cache and torch venv, which only this action uses
-
-        return gates.command(Path(args.json) if args.json else None)
     try:
         catalog = load_catalog()
     except PatchDataError as error:
         print(f"patch data invalid: {error}", file=sys.stderr)
         return 1
-    if args.action == "coverage":
-        return _coverage(catalog, args.json)
     if args.site_packages is None:
         print(f"patch {args.action}: --site-packages is required", file=sys.stderr)
         return 2
@@ -214,18 +189,16 @@ def _run(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     parser = subparsers.add_parser("patch", help="plan, apply, check or revert the gfx90a patch sets on one box",
                                    description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=("plan", "apply", "check", "revert", "coverage", "port", "gates"),
+    parser.add_argument("action", choices=("plan", "apply", "check", "revert", "port"),
                         help="plan: show unified diffs; apply: patch; check: exit 1 unless every selected site is "
-                             "patched; revert: restore the originals; coverage: every set on every known AITER and "
-                             "vLLM release (real trees, cached), the whole cycle on each; port: print a draft "
-                             "variant of --set NAME for the release installed (writes nothing); gates: evaluate "
-                             "vLLM's arch gates on every vLLM release, stock and patched, on gfx90a and gfx942")
-    parser.add_argument("--site-packages", type=Path,
-                        help="the site-packages holding the packages (not coverage or gates)")
+                             "patched; revert: restore the originals; port: print a draft variant of --set NAME for "
+                             "the release installed (writes nothing). Every set on every release, and vLLM's gates: "
+                             "python -m releases")
+    parser.add_argument("--site-packages", type=Path, help="the site-packages holding the packages")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="NAME",
                         help="enable an optional patch set (repeatable); required sets are always selected")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help=f"where originals and state are kept (default: <site-packages>/{STATE_DIR_NAME})")
-    parser.add_argument("--json", nargs="?", const=True, default=False, metavar="FILE",
-                        help="print one JSON report instead of text; with gates: also write the results to FILE")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON report instead of text")
     parser.set_defaults(func=_run)

@@ -168,8 +168,8 @@ def test_explain_names_what_vllm_runs_on_a_deployed_host(lab: dict, deployed, tm
     _, second, _, _ = deployed
     report = tmp_path / "deploy.json"
     report.write_text(json.dumps(second.report))
-    command = [str(REPO / ".venv/bin/python"), "-m", "cdna2", "explain", "--config",
-               str(REPO / "lab/vllm_gates/models" / f"{model}.json"), "--host", "mi210-a", "--report", str(report)]
+    command = [str(REPO / ".venv/bin/python"), "-m", "releases", "explain", "--config",
+               str(REPO / "releases/vllm_gates/models" / f"{model}.json"), "--host", "mi210-a", "--report", str(report)]
     result = subprocess.run([*command, "--json"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     explanation = json.loads(result.stdout)

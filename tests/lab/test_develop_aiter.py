@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.patches.coverage import aiter_git_dir
+from lab.aiter_git import aiter_git_dir
 from tests.lab.conftest import one_host_lab
 from tests.lab.deploy_runner import run_pyinfra
 

@@ -13,7 +13,7 @@ import pytest
 
 from cdna2.cache import cache_root
 from cdna2.kernels import Policy, find_llvm, translate_tree
-from cdna2.patches.coverage import aiter_git_dir
+from lab.aiter_git import aiter_git_dir
 from lab import wheelhouse
 
 KERNEL_TEMPLATE = """\

@@ -24,7 +24,7 @@ from cdna2.host import txn
 from cdna2.host.probe import checkout_path, file_content, git_hash_field, record_hash, tree_digest
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
-from cdna2.patches.coverage import aiter_git_dir
+from lab.aiter_git import aiter_git_dir
 from cdna2.plan import FAIL, PROCEED, develop_checkout, kernels_decision, target_env_error
 from cdna2.report import HostRow, summarise_probe
 from cdna2.translated import KernelSourceError, ensure_source

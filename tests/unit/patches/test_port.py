@@ -19,7 +19,8 @@ SET = "vllm-attention-gate"
 
 
 def vllm_tree(version):
-    from cdna2.patches import coverage, load_catalog
+    from cdna2.patches import load_catalog
+    from releases import coverage
 
     return coverage.wheel_tree(f"vllm=={version}", load_catalog().target_files("vllm"))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.host import jit, smoke
-from cdna2.patches.coverage import aiter_git_dir
+from lab.aiter_git import aiter_git_dir
 from lab import wheelhouse
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -20,10 +20,10 @@ import csv
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import textwrap
 import zipfile
@@ -33,57 +33,26 @@ from pathlib import Path
 from cdna2.cache import cache_lock, cache_root
 from cdna2.host import txn
 from cdna2.host.probe import checkout_path, record_hash
-from cdna2.patches.catalog import Catalog
+from cdna2.patches.catalog import Catalog, load_catalog
+from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
+from lab import wheelhouse
+from lab.aiter_git import SourceMissing, aiter_git, aiter_version, git
 
-DEFAULT_AITER_GIT = "/work/.mirror/ROCm+aiter/repo"
 AITER_FIRST, AITER_LAST = (0, 1, 16), (0, 1, 20)
 AITER_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
 VLLM_RELEASES = ("0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
                  "0.31.0", "0.32.0", "0.33.0")
 
 
-class SourceMissing(RuntimeError):
-    """A release's source (the AITER git clone, a wheel) is not available here; the message says how to get it."""
-
-
-def aiter_git_dir() -> Path:
-    """Where AITER's git history is looked for: $CDNA2_AITER_GIT, else the machine's mirror of ROCm/aiter."""
-    return Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
-
-
-def aiter_git() -> Path:
-    path = aiter_git_dir()
-    if not (path / "HEAD").is_file():
-        raise SourceMissing(f"{path}: no AITER git directory; set CDNA2_AITER_GIT to a (bare) clone of ROCm/aiter")
-    return path
-
-
-def _git(git_dir: Path, *args: str) -> bytes:
-    return subprocess.run(["git", "--git-dir", str(git_dir), *args], check=True, capture_output=True).stdout
-
-
 def aiter_releases(git_dir: Path) -> list[str]:
     """Tags v0.1.16 .. v0.1.20.postN in version order, then "main"."""
     tags = []
-    for tag in _git(git_dir, "tag").decode().split():
+    for tag in git(git_dir, "tag").decode().split():
         found = AITER_TAG.match(tag)
         if found and AITER_FIRST <= tuple(int(part) for part in found.groups()[:3]) <= AITER_LAST:
             tags.append((tuple(int(part or 0) for part in found.groups()), tag))
     return [tag for _, tag in sorted(tags)] + ["main"]
-
-
-def aiter_version(git_dir: Path, ref: str) -> str:
-    """The version a build of ``ref`` reports (AITER's version comes from setuptools_scm, default scheme): the tag's,
-    or for a commit N after tag vX.Y.Z the next release's .devN with +g<sha>: main is 0.1.21.dev46+ge4048607a5."""
-    described = _git(git_dir, "describe", "--tags", "--match", "v[0-9]*", "--long", ref).decode().strip()
-    tag, distance, sha = described.rsplit("-", 2)
-    version = tag.removeprefix("v")
-    if distance == "0":
-        return version
-    release = version.split(".post")[0].split(".")
-    release[-1] = str(int(release[-1]) + 1)
-    return f"{'.'.join(release)}.dev{distance}+{sha}"
 
 
 def _key(files: list[str]) -> str:
@@ -140,7 +109,6 @@ def aiter_tree(git_dir: Path, ref: str, files: list[str]) -> Path:
 
 def wheel_tree(requirement: str, files: list[str]) -> Path:
     """``name==version`` from its PyPI wheel: its dist-info (real RECORD) and ``files``, no other file."""
-    from lab import wheelhouse
 
     def build(staging: Path) -> None:
         with zipfile.ZipFile(wheelhouse.wheel(requirement)) as archive:
@@ -168,8 +136,6 @@ class ReleaseResult:
 
 
 def _probe(catalog: Catalog, package: str, root: Path):
-    from cdna2.patches.cli import probe
-
     probed = probe(root, catalog, package)
     if probed is None:
         raise SourceMissing(f"{root}: {package} is not installed there")
@@ -207,8 +173,6 @@ def _record_pristine(root: Path, tree: Path) -> list[str]:
 
 def _cycle(catalog: Catalog, package: str, tree: Path, sets: list[str]) -> str:
     """Apply, check, apply again, revert on a copy of ``tree``; "ok" or the first step that failed."""
-    from cdna2.patches.cli import apply_in_place
-
     with tempfile.TemporaryDirectory(prefix="cdna2-coverage-") as scratch:
         root = Path(scratch) / "site-packages"
         shutil.copytree(tree, root)
@@ -259,12 +223,12 @@ def release_result(catalog: Catalog, package: str, release: str, tree: Path) -> 
 
 
 def release_trees(catalog: Catalog) -> list[tuple[str, str, Path]]:
-    """(package, release, tree) for every release of the coverage matrix, AITER first."""
-    from lab.wheelhouse import AITER  # the only amd-aiter wheel PyPI serves
-
+    """(package, release, tree) for every release of the coverage matrix, AITER first (the one amd-aiter wheel PyPI
+    serves, then every tag from git)."""
     git_dir = aiter_git()
     aiter_files, vllm_files = catalog.target_files("amd-aiter"), catalog.target_files("vllm")
-    trees = [("amd-aiter", f"{AITER.partition('==')[2]} (wheel)", wheel_tree(AITER, aiter_files))]
+    wheel = wheelhouse.AITER
+    trees = [("amd-aiter", f"{wheel.partition('==')[2]} (wheel)", wheel_tree(wheel, aiter_files))]
     trees += [("amd-aiter", ref, aiter_tree(git_dir, ref, aiter_files)) for ref in aiter_releases(git_dir)]
     trees += [("vllm", version, wheel_tree(f"vllm=={version}", vllm_files)) for version in VLLM_RELEASES]
     return trees
@@ -308,6 +272,22 @@ def table(results: list[ReleaseResult], catalog: Catalog) -> str:
 
 def to_json(results: list[ReleaseResult]) -> str:
     return json.dumps({"releases": [result.to_json() for result in results]}, indent=1, sort_keys=True)
+
+
+def command(as_json: bool) -> int:
+    """``python -m releases coverage``: print the table (or JSON); exit 1 when a required set fails a release."""
+    catalog = load_catalog()
+    try:
+        trees = release_trees(catalog)
+    except SourceMissing as error:
+        print(f"coverage: {error}", file=sys.stderr)
+        return 1
+    results = [release_result(catalog, package, release, tree) for package, release, tree in trees]
+    print(to_json(results) if as_json else table(results, catalog))
+    required = {patch_set.name for patch_set in catalog.sets if not patch_set.optional}
+    failed = any(result.cycle != "ok" or any(result.cells[name] != "patched" for name in required & set(result.cells))
+                 for result in results)
+    return 1 if failed else 0
 
 
 __all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_releases", "aiter_tree", "release_result",

@@ -1,8 +1,8 @@
 """vLLM's arch gates, proven by behaviour on every real vLLM release 0.23.0-0.33.0 (issue 12), stock and patched.
 
-Slow part: cdna2.patches.gates patches a copy of each release's files with the engine as it is, and
-lab/vllm_gates/runner.py imports vLLM from the real trees on CPU torch, with only amdsmi (the device query) and
-amd-aiter doubled, on a pretend gfx90a and gfx942. The expectations are the module docstring of cdna2/patches/gates.py.
+Slow part: releases.gates patches a copy of each release's files with the engine as it is, and
+releases/vllm_gates/runner.py imports vLLM from the real trees on CPU torch, with only amdsmi (the device query) and
+amd-aiter doubled, on a pretend gfx90a and gfx942. The expectations are the module docstring of releases/gates.py.
 Releases the current patch sets do not serve are strict xfails naming why, so they flip when the sets cover them.
 Fast part: the judge itself, on hand-made answers, must fail each broken expectation.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdna2.patches import gates
+from releases import gates
 
 # Releases whose gates the current sets leave wrong, and why; each is a strict xfail, so it fails once the sets are
 # fixed there. Empty since the coverage rework: before it, 0.27.0, 0.27.1 and 0.28.0 kept PerTensor/ChannelWise

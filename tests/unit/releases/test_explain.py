@@ -1,4 +1,4 @@
-"""``python -m cdna2 explain`` (issue 29): the interpretation of the gate runner's answers on hand-made outcomes, the
+"""``python -m releases explain`` (issue 29): the interpretation of the gate runner's answers on hand-made outcomes, the
 deploy report as the source of a host's vLLM, and (slow) the real runner on vLLM 0.33.0 for two model configs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.patches import explain, gates
+from releases import explain, gates
 
 REPO = Path(__file__).resolve().parents[3]
 MODELS = gates.MODELS
@@ -80,7 +80,8 @@ def test_shuffle_layout_off_or_a_gqa_no_kernel_ships_keeps_decode_off_pa_fwd_asm
 
 def test_a_sliding_model_names_the_guard_and_reaches_no_code_object():
     refusal = {"refused": "Selected backend ... Reason: ['sliding-window attention (...) is served wrong by "
-                          "ROCM_AITER_FA on gfx90a (silent corruption): serve this model with ROCM_ATTN or TRITON_ATTN']"}
+                          "ROCM_AITER_FA on gfx90a (silent corruption): serve this model with ROCM_ATTN or "
+                          "TRITON_ATTN']"}
     outcome = _outcome({"full": 8, "sliding": 40}, "ROCM_ATTN", refusal)
     result = explain.interpret(outcome, "m", _shape(head_size=256), explain.SERVING_ENVIRONMENT)
     assert [layer["backend"] for layer in result["attention"]] == ["ROCM_ATTN", "ROCM_ATTN"]
@@ -134,7 +135,7 @@ def test_host_target_comes_from_the_deploy_report(tmp_path):
 def test_command_refuses_a_config_without_a_shape_before_anything_runs(tmp_path):
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"model_type": "x"}))
-    result = subprocess.run([sys.executable, "-m", "cdna2", "explain", "--config", str(config), "--vllm-version",
+    result = subprocess.run([sys.executable, "-m", "releases", "explain", "--config", str(config), "--vllm-version",
                              "0.33.0"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 1
     assert result.stderr.startswith("explain: the model config has no usable num_attention_heads")

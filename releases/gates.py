@@ -1,8 +1,8 @@
-"""``python -m cdna2 patch gates``: vLLM's arch gates, evaluated by vLLM's own code, before and after patching.
+"""``python -m releases gates``: vLLM's arch gates, evaluated by vLLM's own code, before and after patching.
 
 For each real vLLM release (PyPI wheel, unpacked once into the cache) the patch engine plans and applies the vLLM sets
 on a copy of the files they target, exactly as ``patch apply`` would: the required set and every optional set the
-planner accepts on that release (a refused optional set is named with its reason). lab/vllm_gates/runner.py then
+planner accepts on that release (a refused optional set is named with its reason). releases/vllm_gates/runner.py then
 imports vLLM from the stock and from the patched files in the torch-CPU venv, on a pretend gfx90a and gfx942, and
 reports what each gate answers. This module only judges those answers; it imports neither torch nor vLLM.
 
@@ -12,7 +12,7 @@ decode gate open exactly when vllm-fast-fp8-dequant was applied, and every other
 answers the same before and after (a gate the patch adds must stay closed there). A linear kernel that none of
 vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it.
 
-Backend selection, for the model configs in lab/vllm_gates/models/ (vLLM's own selector, each kind of layer of each
+Backend selection, for the model configs in releases/vllm_gates/models/ (vLLM's own selector, each kind of layer of each
 model, in the prefer order, the stock order and with --attention-backend ROCM_AITER_FA): patched gfx90a picks
 ROCM_AITER_FA for a model with full attention only, and never for any layer of a model with a sliding-window layer
 (field-notes 7.1: it corrupts them silently), logging the guard's reason, with which an explicit ROCM_AITER_FA is
@@ -34,17 +34,19 @@ from pathlib import Path
 
 from cdna2.cache import cache_root
 from cdna2.patches.catalog import Catalog, load_catalog
-from cdna2.patches.coverage import VLLM_RELEASES
+from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
+from lab import torchvenv, wheelhouse
+from releases.coverage import VLLM_RELEASES
 
 RELEASES = VLLM_RELEASES  # the coverage table's vLLM releases
 ARCHES = ("gfx90a", "gfx942")
 COLUMNS = (("gfx90a", "stock"), ("gfx90a", "patched"), ("gfx942", "stock"), ("gfx942", "patched"))
-RUNNER = Path(__file__).resolve().parents[2] / "lab" / "vllm_gates" / "runner.py"
+RUNNER = Path(__file__).resolve().parent / "vllm_gates" / "runner.py"
 MODELS = RUNNER.parent / "models"  # HF config.json files of the model shapes the selection is judged on
 AITER_FA = "ROCM_AITER_FA"
 GUARD_REASON = "is served wrong by ROCM_AITER_FA on gfx90a"  # in vllm-attention-gate's sliding-window-guard site
-PREFER, STOCK_ORDER, EXPLICIT = "prefer", "stock order", "explicit ROCM_AITER_FA"  # lab/vllm_gates/runner.py ORDERS
+PREFER, STOCK_ORDER, EXPLICIT = "prefer", "stock order", "explicit ROCM_AITER_FA"  # vllm_gates/runner.py ORDERS
 CK_INT8_SET, FAST_FP8_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant"
 # Every AITER feature switched on, so a closed gate is closed by the arch, never by an operator's default.
 ENVIRONMENT = {name: "1" for name in (
@@ -313,8 +315,6 @@ def render(releases: list[ReleaseGates]) -> str:
 
 
 def _plan(catalog: Catalog, root: Path, optional: list[str]) -> PackagePlan:
-    from cdna2.patches.cli import probe
-
     version, files, record = probe(root, catalog, "vllm")
     return plan_package(catalog, "vllm", version, files, record, optional)
 
@@ -327,8 +327,6 @@ def patch_copy(catalog: Catalog, root: Path, release: ReleaseGates, backup_dir: 
     The planner is all or nothing per package, so each optional set is tried on its own first; one it refuses is
     recorded with the reason and left out, never silently. Returns whether anything was applied.
     """
-    from cdna2.patches.cli import apply_in_place
-
     accepted: list[str] = []
     for name in sorted(catalog.optional_sets()) if optional is None else optional:
         if catalog.by_name(name).package != "vllm":
@@ -368,8 +366,6 @@ def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Pr
                     optional: list[str] | None = None) -> tuple[ReleaseGates, dict]:
     """Unpack (cached), copy and patch one release (``optional``: see patch_copy); the runner's entry for it.
     ``work_dir`` holds the patched copy."""
-    from lab import wheelhouse
-
     requirement = f"vllm=={version}"
     progress(f"vLLM {version}: unpacking the wheel (cached after the first run)")
     tree = wheelhouse.installed_tree(requirement)
@@ -390,8 +386,6 @@ def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda l
     """
     catalog = catalog or load_catalog()
     progress("torch-CPU venv: building or reusing it")
-    from lab import torchvenv
-
     python = torchvenv.torch_cpu_python()
     with tempfile.TemporaryDirectory(prefix="cdna2-gates-") as scratch:
         prepared = [prepare_release(version, catalog, Path(scratch) / version, progress) for version in versions]

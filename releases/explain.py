@@ -1,13 +1,13 @@
-"""``python -m cdna2 explain``: which attention backend, kernels and provisioned code objects vLLM would use for a model.
+"""``python -m releases explain``: the attention backend, kernels and provisioned code objects vLLM would use.
 
 Given a model's ``config.json`` and either a host (as the deploy report last recorded it: arch, vLLM version, the
 vLLM patch sets applied) or a vLLM release (patched with the required sets and any ``--set``), the gate runner of
-``patch gates`` (lab/vllm_gates/runner.py) imports that release's real vLLM, patched as the host holds it, on a
-pretend GPU of that arch, and asks vLLM's own selector which attention backend each kind of layer gets. This module
-turns the runner's answers into the kernels that backend reaches for the model's shape (head size, dtype, GQA,
-quantization), each with the gates that decided it: ``interpret`` is pure, the runner is the only thing imported
-from the lab. What is read from AITER's and vLLM's source, not run (no GPU here): the prefill and decode paths
-inside ROCM_AITER_FA and their shape conditions (field-notes 7.2), which are stated as conditions, never as runs.
+``python -m releases gates`` (vllm_gates/runner.py) imports that release's real vLLM, patched as the host holds it,
+on a pretend GPU of that arch, and asks vLLM's own selector which attention backend each kind of layer gets. This
+module turns the runner's answers into the kernels that backend reaches for the model's shape (head size, dtype,
+GQA, quantization), each with the gates that decided it (``interpret``, pure). Read from AITER's and vLLM's source,
+not run (no GPU here): the prefill and decode paths inside ROCM_AITER_FA and their shape conditions (field-notes
+7.2), which are stated as conditions, never as runs.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from cdna2.cache import cache_root
+from cdna2.patches.catalog import load_catalog
+from lab import torchvenv
+from releases import gates
 
 AITER_FA, ROCM_ATTN = "ROCM_AITER_FA", "ROCM_ATTN"
 # The serving environment the project recommends on gfx90a (README, "vLLM on gfx90a"): every AITER switch the
@@ -244,10 +247,6 @@ def explain(config: dict, model: str, version: str, arch: str, sets: list[str], 
             progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
     """Patch a copy of ``version`` with ``sets``, run the gate runner on ``arch`` for the model, and interpret its
     answer: from the patched copy, or from stock vLLM when ``sets`` is empty (a host the deploy left alone)."""
-    from cdna2.patches import gates
-    from cdna2.patches.catalog import load_catalog
-    from lab import torchvenv
-
     catalog = load_catalog()
     optional = [name for name in sets if name in catalog.optional_sets()]
     with tempfile.TemporaryDirectory(prefix="cdna2-explain-") as scratch:
@@ -269,7 +268,7 @@ def explain(config: dict, model: str, version: str, arch: str, sets: list[str], 
 
 
 def command(args) -> int:
-    """``python -m cdna2 explain``: print the explanation (or JSON); exit 1 when it cannot be answered."""
+    """``python -m releases explain``: print the explanation (or JSON); exit 1 when it cannot be answered."""
     try:
         config = json.loads(Path(args.config).read_text())
         if not isinstance(config, dict):
