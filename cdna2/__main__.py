@@ -19,16 +19,18 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m cdna2", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "python -m cdna2", modules: tuple[str, ...] = COMMAND_MODULES,
+                 description: str = __doc__.splitlines()[0]) -> argparse.ArgumentParser:
+    """One sub-command group per module of ``modules``, each added by its ``register(subparsers)``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module_name in COMMAND_MODULES:
+    for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, **parser_options) -> int:
+    args = build_parser(**parser_options).parse_args(argv)
     return args.func(args)
 
 

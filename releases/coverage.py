@@ -290,5 +290,12 @@ def command(as_json: bool) -> int:
     return 1 if failed else 0
 
 
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("coverage", help="every patch set on every known AITER and vLLM release (real "
+                                                    "trees, cached), the whole patch cycle on each")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    parser.set_defaults(func=lambda args: command(args.json))
+
+
 __all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_releases", "aiter_tree", "release_result",
            "release_trees", "table", "to_json", "wheel_tree", "VLLM_RELEASES"]

@@ -411,3 +411,10 @@ def command(json_path: Path | None) -> int:
     if json_path is not None:
         json_path.write_text(json.dumps([release.to_json() for release in releases], indent=1, sort_keys=True))
     return 1 if any(release.verdict == "FAIL" for release in releases) else 0
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("gates", help="vLLM's arch gates and attention backend selection on every vLLM "
+                                                 "release, stock and patched, on gfx90a and gfx942")
+    parser.add_argument("--json", metavar="FILE", help="also write the results to FILE (the table goes to stdout)")
+    parser.set_defaults(func=lambda args: command(Path(args.json) if args.json else None))
