@@ -10,6 +10,7 @@ shared lab is never disturbed; it is stopped at the end.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from typing import Iterator
 
 import pytest
 
-from cdna2.host.probe import tree_digest
+from cdna2.host.probe import file_sha256, tree_digest
 from lab import kinds, wheelhouse
 from lab.labctl import descendants, namespace_processes, stop_host
 from tests.lab.conftest import run_lab_command
@@ -69,11 +70,25 @@ def hsa(lab_host: dict) -> Path:
 
 
 def deployed_facts(lab_host: dict) -> dict:
-    """The translated tree's digest and file list, and each package's original and patched file hashes."""
+    """The translated tree's digest and file list, each package's original and patched file hashes, and both texts
+    of each file (the pristine one from the backups, the patched one as the deploy left it) for failure reports."""
     state = json.loads((state_dir(lab_host) / "state.json").read_text())
-    backups = {package: json.loads((state_dir(lab_host) / "backups" / package / "state.json").read_text())["files"]
-               for package in PACKAGES}
-    return {"digest": state["kernels"]["digest"], "files": tree_files(hsa(lab_host) / "gfx90a"), "patches": backups}
+    backups = recorded_patches(lab_host)
+    texts = {package: {path: (read_if_file(state_dir(lab_host) / "backups" / package / "originals" / path),
+                              read_if_file(site_packages(lab_host) / path)) for path in files}
+             for package, files in backups.items()}
+    return {"digest": state["kernels"]["digest"], "files": tree_files(hsa(lab_host) / "gfx90a"), "patches": backups,
+            "texts": texts}
+
+
+def recorded_patches(lab_host: dict) -> dict[str, dict]:
+    """Per package, each target's original and patched sha256 as the host's patch transactions recorded them."""
+    return {package: json.loads((state_dir(lab_host) / "backups" / package / "state.json").read_text())["files"]
+            for package in PACKAGES}
+
+
+def read_if_file(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def tree_files(tree: Path) -> frozenset[str] | None:
@@ -99,6 +114,69 @@ def patch_status(lab_host: dict, package: str, facts: dict) -> set[str]:
         statuses.add({hashes["original_sha256"]: "pristine", hashes["patched_sha256"]: "patched"}.get(current,
                                                                                                      "neither"))
     return statuses
+
+
+def uploaded_manifest(lab_host: dict, package: str) -> dict | None:
+    """The change manifest a controller uploaded for ``package`` before it ran ``txn apply`` (operations/patches.py);
+    None when there is none, or only the start of one (a kill during its upload: apply never ran on it)."""
+    try:
+        return json.loads((state_dir(lab_host) / "staging" / f"patch-{package}.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def transaction_status(lab_host: dict, package: str, facts: dict, manifest: dict | None) -> dict[str, str]:
+    """For each target file of ``package``: pristine (its text before any patch, as the first deploy kept it),
+    patched (the text the transaction of ``manifest`` writes), left alone (pristine, and ``manifest`` does not
+    change it) or neither.
+
+    Patched is what the plan of the run being judged writes, read from the manifest that run uploaded, not what
+    the fixture's first deploy wrote: the controller plans from the patch catalog it loads when it starts, and the
+    catalog of a checkout can change between the two (an edit to cdna2/data/patchsets/ while the suite runs)."""
+    site = site_packages(lab_host)
+    pristine = {path: hashes["original_sha256"] for path, hashes in facts["patches"][package].items()}
+    patched = {}
+    for change in (manifest or {"changes": []})["changes"]:
+        # The plan was made from the pristine files (the test reverted them): a file the first deploy did not
+        # patch (a target a changed catalog added) is pristine at the hash the plan expected.
+        pristine.setdefault(change["path"], change["expected_sha256"])
+        patched[change["path"]] = change["new_sha256"]
+    statuses = {}
+    for path in sorted(pristine):
+        current = file_sha256(site / path)
+        if path not in patched and manifest is not None:
+            statuses[path] = "left alone" if current == pristine[path] else "neither"
+        else:
+            statuses[path] = ("pristine" if current == pristine[path] else
+                              "patched" if current == patched.get(path) else "neither")
+    return statuses
+
+
+def describe_files(lab_host: dict, package: str, facts: dict, statuses: dict[str, str]) -> str:
+    """Each file of ``package`` that is neither pristine nor patched: its hash, size, and its diff against the
+    pristine text, the text the first deploy patched it to, and the staged text if it is still staged."""
+    site = site_packages(lab_host)
+    lines = []
+    for path, status in statuses.items():
+        if status != "neither":
+            continue
+        current = read_if_file(site / path)
+        lines.append(f"{lab_host['name']} {package} {path}: " + (
+            "absent" if current is None else
+            f"sha256 {hashlib.sha256(current).hexdigest()}, {len(current)} bytes"))
+        original, patched = facts["texts"][package].get(path, (None, None))
+        others = {"pristine": original, "patched by the fixture's deploy": patched,
+                  f"staged ({path}.cdna2-staged)": read_if_file(site / f"{path}.cdna2-staged")}
+        for label, text in others.items():
+            if text is None:
+                lines.append(f"  (no {label} text to compare with)")
+                continue
+            diff = list(difflib.unified_diff(text.decode(errors="replace").splitlines(),
+                                             (current or b"").decode(errors="replace").splitlines(),
+                                             f"{path} ({label})", f"{path} (on the host)", lineterm="", n=1))
+            lines.append(f"  against the {label} text: {len(diff)} diff lines" + ("" if diff else " (identical)"))
+            lines.extend(f"    {line}" for line in diff[:80])
+    return "\n".join(lines)
 
 
 def rollback(report_dir: Path) -> None:
@@ -311,6 +389,8 @@ def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab:
     for attempt in range(3):
         for lab_host in hosts:
             revert_patches(fault_lab, lab_host)
+            for package in PACKAGES:  # the manifest found after the kill is then this attempt's, or there is none
+                (state_dir(lab_host) / "staging" / f"patch-{package}.json").unlink(missing_ok=True)
         run = Controller("-y", "deploy.py", report_dir=tmp_path)
         run.wait_until(lambda: "Starting operation: patches" in run.output(), "patching")
         delay = chooser.uniform(0.0, 1.5)
@@ -320,17 +400,27 @@ def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab:
         for lab_host in hosts:
             wait_sessions_gone(lab_host)
             facts = fault_lab["deployed"][lab_host["name"]]
-            statuses = {package: patch_status(lab_host, package, facts) for package in PACKAGES}
-            outcomes.append((attempt, round(delay, 2), lab_host["name"], statuses))
-            assert all(len(found) == 1 and found != {"neither"} for found in statuses.values()), \
-                f"attempt {attempt}, killed {delay:.2f} s into patching: {lab_host['name']} half-patched: {statuses}"
+            statuses = {package: transaction_status(lab_host, package, facts, uploaded_manifest(lab_host, package))
+                        for package in PACKAGES}
+            found = {package: set(files.values()) - {"left alone"} for package, files in statuses.items()}
+            outcomes.append((attempt, round(delay, 2), lab_host["name"], found))
+            broken = [package for package, seen in found.items() if len(seen) != 1 or seen == {"neither"}]
+            assert not broken, (
+                f"attempt {attempt}, killed {delay:.2f} s into patching: {lab_host['name']} half-patched: {found}\n"
+                + "\n".join(f"{package}: {statuses[package]}\n"
+                            f"{describe_files(lab_host, package, facts, statuses[package])}" for package in broken))
+            # The transaction on the host does not depend on the controller's connection: it ran to its end.
+            assert not any((state_dir(lab_host) / "backups" / package / "journal.json").exists()
+                           for package in PACKAGES), f"attempt {attempt}: {lab_host['name']} kept a journal"
     print("\n".join(map(str, outcomes)))
     rerun = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
     assert rerun.returncode == 0, rerun.output[-4000:]
     for lab_host in hosts:
-        facts = fault_lab["deployed"][lab_host["name"]]
-        assert all(patch_status(lab_host, package, facts) == {"patched"} for package in PACKAGES)
-    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
+        # As the transactions recorded them: this test's runs may plan from another catalog than the fixture's.
+        recorded = recorded_patches(lab_host)
+        assert all(patch_status(lab_host, package, {"patches": recorded}) == {"patched"} for package in PACKAGES), \
+            f"{lab_host['name']}: {recorded}"
+    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)  # and the current catalog's plan agrees
     assert verified.returncode == 0, verified.output[-4000:]
 
 
