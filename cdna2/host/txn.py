@@ -2,7 +2,7 @@
 
 ``apply MANIFEST`` verifies every current file and every staged replacement before touching anything, keeps the
 first (pristine) original of each file in the backup directory, journals the renames, then renames the staged files
-into place. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
+into place; a change an earlier apply of the same plan already made (finished by ``recover``) is done, not refused. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
 finishes an interrupted transaction from its journal, so a package is never left half-patched. A manifest row
 with no expected sha256 adds a file (it must be absent); it has no original, and ``revert`` removes it.
 
@@ -169,6 +169,21 @@ def _load_state(backup_dir: Path, root: Path, package: str, version: str | None)
     return state, None
 
 
+def _settled_by_recovery(root: Path, state: dict, changes: list[dict]) -> list[str]:
+    """The changes an earlier apply of the same plan already made: the backups record this very original and new
+    hash for the file and the file holds the new one. That apply was cut between its renames and ``recover`` just
+    finished it, after the probe of this run saw the file still unpatched. Their staged copies are dropped."""
+    settled = []
+    for change in changes:
+        recorded = state["files"].get(change["path"])
+        if (recorded is not None and recorded["original_sha256"] == change["expected_sha256"]
+                and recorded["patched_sha256"] == change["new_sha256"]
+                and file_sha256(_inside(root, change["path"])) == change["new_sha256"]):
+            Path(change["staged"]).unlink(missing_ok=True)
+            settled.append(change["path"])
+    return settled
+
+
 def _verify_manifest(root: Path, changes: list[dict]) -> None:
     """Every check before anything is written: current hashes, staged hashes, same filesystem."""
     for change in changes:
@@ -209,7 +224,8 @@ def apply(manifest: dict) -> dict:
     with _locked(backup_dir):
         recover(backup_dir)
         state, dropped_version = _load_state(backup_dir, root, manifest["package"], manifest.get("version"))
-        changes = manifest["changes"]
+        settled = _settled_by_recovery(root, state, manifest["changes"])
+        changes = [change for change in manifest["changes"] if change["path"] not in settled]
         _verify_manifest(root, changes)
         _back_up_originals(backup_dir, root, state, changes)
         state["jit_invalidations"] = sorted(set(state["jit_invalidations"])
@@ -222,8 +238,8 @@ def apply(manifest: dict) -> dict:
                              "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
                                           "new_sha256": c["new_sha256"]} for c in changes]})
     return {"ok": True, "action": "apply", "package": manifest["package"],
-            "changed": [change["path"] for change in changes], "backup_dir": str(backup_dir),
-            "dropped_backups_of_version": dropped_version}
+            "changed": [change["path"] for change in changes], "settled_by_recovery": settled,
+            "backup_dir": str(backup_dir), "dropped_backups_of_version": dropped_version}
 
 
 def revert(backup_dir: Path, root: Path) -> dict:

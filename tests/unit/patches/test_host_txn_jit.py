@@ -69,6 +69,47 @@ def test_crash_after_k_renames_is_completed_by_recover(tmp_path, monkeypatch, re
     assert contents(root) == ["old 0\n", "old 1\n", "old 2\n"]
 
 
+def test_the_next_plan_after_a_crash_between_renames_applies(tmp_path, monkeypatch):
+    """A host died after one of three renames; the next deploy probed the mix and planned the two files still
+    unpatched. Its apply recovers the journal first (which patches those two as well), sees that the backups record
+    exactly this change for them, and completes instead of refusing them as changed since the probe."""
+    manifest, root, backup = make_manifest(tmp_path)
+    real_rename, done = txn._rename, []
+
+    def crashing_rename(source, target):
+        if done:
+            raise SimulatedCrash()
+        done.append(target)
+        real_rename(source, target)
+
+    monkeypatch.setattr(txn, "_rename", crashing_rename)
+    with pytest.raises(SimulatedCrash):
+        txn.apply(manifest)
+    monkeypatch.setattr(txn, "_rename", real_rename)
+    assert contents(root) == ["new 0\n", "old 1\n", "old 2\n"]
+    replanned, _, _ = make_manifest(tmp_path / "next")  # the same plan for the files still unpatched
+    replanned.update(root=str(root), backup_dir=str(backup))
+    for change in replanned["changes"][1:]:
+        staged = root / "pkg" / f".{Path(change['path']).name}.next-staged"
+        staged.write_bytes(Path(change["staged"]).read_bytes())
+        change["staged"] = str(staged)
+    replanned["changes"] = replanned["changes"][1:]
+    result = txn.apply(replanned)
+    assert result["ok"] and result["settled_by_recovery"] == ["pkg/file1.py", "pkg/file2.py"]
+    assert result["changed"] == []
+    assert contents(root) == ["new 0\n", "new 1\n", "new 2\n"]
+    assert not list(root.rglob("*.next-staged")) and not (backup / "journal.json").exists()
+    txn.revert(backup, root)
+    assert contents(root) == ["old 0\n", "old 1\n", "old 2\n"]
+
+
+def test_a_file_at_the_new_hash_without_our_record_is_still_refused(tmp_path):
+    manifest, root, _ = make_manifest(tmp_path)
+    (root / "pkg" / "file0.py").write_bytes(b"new 0\n")  # someone else wrote it; no backup records it
+    with pytest.raises(txn.TxnError, match="changed since it was probed"):
+        txn.apply(manifest)
+
+
 def test_stale_current_hash_refuses_before_any_write(tmp_path):
     manifest, root, backup = make_manifest(tmp_path)
     (root / "pkg" / "file2.py").write_text("someone else\n")
@@ -116,6 +157,12 @@ def test_cli_prints_one_json_object_and_exit_codes(tmp_path):
     applied = subprocess.run(command + ["apply", str(tmp_path / "manifest.json")], capture_output=True, text=True,
                              cwd=HOST_DIR.parent.parent)
     assert applied.returncode == 0 and json.loads(applied.stdout)["ok"] is True
+    # The same manifest again finds its changes made (the backups record them): done, nothing written.
+    again = subprocess.run(command + ["apply", str(tmp_path / "manifest.json")], capture_output=True, text=True,
+                           cwd=HOST_DIR.parent.parent)
+    assert again.returncode == 0 and json.loads(again.stdout)["settled_by_recovery"] == [
+        change["path"] for change in manifest["changes"]]
+    (root / "pkg" / "file0.py").write_text("hand edit\n")
     again = subprocess.run(command + ["apply", str(tmp_path / "manifest.json")], capture_output=True, text=True,
                            cwd=HOST_DIR.parent.parent)
     refusal = json.loads(again.stdout)
