@@ -2,9 +2,11 @@
 
 ``apply MANIFEST`` verifies every current file and every staged replacement before touching anything, keeps the
 first (pristine) original of each file in the backup directory, journals the renames, then renames the staged files
-into place; a change an earlier apply of the same plan already made (finished by ``recover``) is done, not refused. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
-finishes an interrupted transaction from its journal, so a package is never left half-patched. A manifest row
-with no expected sha256 adds a file (it must be absent); it has no original, and ``revert`` removes it.
+into place. ``revert`` puts the originals back the same way and drops the backups. ``recover`` (run first by both)
+finishes an interrupted transaction from its journal, so a package is never left half-patched; a change that an
+earlier apply of the same plan already made (finished so) counts as done in ``apply``, not as a file changed since
+the probe. A manifest row with no expected sha256 adds a file (it must be absent); it has no original, and
+``revert`` removes it.
 
 Backup directory layout: ``state.json`` (package, its version, root, per file the original and patched sha256, the
 JIT outputs to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
