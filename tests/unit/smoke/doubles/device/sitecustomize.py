@@ -12,6 +12,11 @@ until torch is imported; then:
   runtime or driver); ``hang``: asking for them never returns (a wedged driver);
 - ``none``: a ROCm build that sees no GPU (``/dev/kfd`` not accessible, ``HIP_VISIBLE_DEVICES`` empty).
 
+Device timing (the benchmarks): ``torch.cuda.Event(enable_timing=True)`` records the host's clock, and with
+``synchronize`` returning at once the time between two events is the time the calls between them took on the CPU.
+``CDNA2_DEVICE_DOUBLE_SDPA_MS`` adds that many milliseconds to every ``scaled_dot_product_attention`` call (the
+speed of the device's SDPA, the prefill benchmarks' fallback).
+
 Not modelled: the device's own arithmetic (everything computes on the CPU), streams, real memory limits.
 """
 
@@ -66,6 +71,32 @@ def _install(torch):
     torch.cuda.device_count = lambda: 1
     torch.cuda.get_device_properties = properties
     torch.cuda.synchronize = lambda device=None: None
+
+    class Event:
+        """A device event on the host's clock (every call here is synchronous)."""
+
+        def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+            self.at = None
+
+        def record(self, stream=None):
+            self.at = time.perf_counter()
+
+        def synchronize(self):
+            return None
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1000.0
+
+    torch.cuda.Event = Event
+    sdpa_ms = float(os.environ.get("CDNA2_DEVICE_DOUBLE_SDPA_MS") or 0)
+    if sdpa_ms:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def slowed_sdpa(*args, **kwargs):
+            time.sleep(sdpa_ms / 1000)
+            return sdpa(*args, **kwargs)
+
+        torch.nn.functional.scaled_dot_product_attention = slowed_sdpa
     pool = _CachingPool()
     allocators = {torch.empty, torch.empty_like, torch.full}
 
