@@ -200,6 +200,11 @@ class BenchReport:
                         for host in hosts]
             colours = ["tab:red" if (host, row["case"]) in outliers else "tab:blue" for host in hosts]
             ax.barh(range(len(hosts)), speedups, color=colours)
+            for position, host in enumerate(hosts):  # no bar: say why (WRONG, fallback, skipped, ...)
+                status = results.get(host, {}).get("status", "no result")
+                if status != OK:
+                    ax.text(0.02, position, "WRONG" if status == "wrong" else status, va="center", fontsize=6,
+                            color="tab:red" if status in (*PROBLEMS, FALLBACK) else "dimgrey")
             ax.set_yticks(range(len(hosts)), labels=hosts, fontsize=7)
             ax.invert_yaxis()
             ax.axvline(1.0, color="black", linewidth=0.8)
@@ -210,7 +215,8 @@ class BenchReport:
                 ax.axvline(reference, color="tab:orange", linestyle=":", linewidth=1.2,
                            label=f"MI210 reference {reference:.2f}x")
             ax.set_title(row["case"], fontsize=9)
-            ax.set_xlabel("speedup over the fallback (red: >15% below the fleet median)", fontsize=7)
+            ax.set_xlabel(f"speedup over the fallback (red bar: ASM figure >{OUTLIER_FRACTION:.0%} below the fleet "
+                          f"median)", fontsize=7)
             ax.legend(fontsize=6, loc="lower right")
         for index in range(len(cases), rows * columns):
             axes[index // columns][index % columns].set_visible(False)

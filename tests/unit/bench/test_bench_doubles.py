@@ -1,0 +1,140 @@
+"""The on-host bench runner end to end, through its real GPU children, on the smoke test's doubles.
+
+Only what cannot exist here is a test double, the same two the smoke test uses (tests/unit/smoke/doubles): AITER
+(its ``slow``, ``crash``, ``hang``, ``five_percent`` and ``fallback`` faults, and ``paged_attention_rocm``, the
+decode fallback) and the MI210 (CPU torch presented as one gfx90a device, its events on the host's clock, its SDPA
+made ``CDNA2_DEVICE_DOUBLE_SDPA_MS`` slower so that "fast" and "slow" do not hang on CPU noise). Everything else
+is real: the runner, its children and their process groups, the pass rule, the load-line proof, the timings.
+
+Unproven without an MI210: every figure, and that the real fallbacks meet the pass rule on the device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.unit.smoke.test_gpu_doubles import Lab
+
+pytestmark = pytest.mark.slow  # one child per case, each imports torch
+
+SDPA_MS = 15  # the device double's SDPA; the AITER double's "slow" adds 40 ms to each call
+HANG_LIMIT = 20
+
+
+def case(name: str, seqlen: int, **changes) -> dict:
+    """A small batched prefill case (GQA 8, hd 128): the doubles key their faults by seqlen."""
+    return {"name": name, "kind": "prefill", "what": f"prefill 1x{seqlen}", "batch": 1, "seqlen": seqlen,
+            "heads_q": 8, "heads_kv": 1, "head_dim": 128, "causal": False, "fallback": "torch SDPA (bf16)",
+            "proof": r"^fmha_v3_fwd/(?!.*_group\.co$)", "warmup": 1, "repeats": 5, "case_timeout_seconds": 120,
+            **changes}
+
+
+CASES = [
+    case("correct_fast", 160),
+    case("correct_slow", 192),
+    case("wrong_fast", 224),
+    case("no_load_line", 288),
+    case("crashed", 320),
+    case("hung", 352, case_timeout_seconds=HANG_LIMIT),
+    {"name": "decode", "kind": "decode", "what": "decode 3 sequences", "contexts": [16, 57, 129], "heads_q": 32,
+     "heads_kv": 4, "head_dim": 128, "block": 16, "fallback": "paged_attention_rocm (HIP)", "proof": "^pa/",
+     "warmup": 1, "repeats": 3, "case_timeout_seconds": 120},
+    {"name": "varlen", "kind": "prefill_varlen", "what": "varlen 129+200", "lengths": [129, 200], "heads_q": 8,
+     "heads_kv": 1, "head_dim": 128, "fallback": "torch SDPA per sequence (bf16)", "proof": r"^fmha_v3_fwd/.*_group\.co$",
+     "warmup": 1, "repeats": 3, "case_timeout_seconds": 120},
+]
+FAULTS = {"flash_attn_func:full:192": "slow", "flash_attn_func:full:224": "five_percent",
+          "flash_attn_func:full:288": "fallback", "flash_attn_func:full:320": "crash",
+          "flash_attn_func:full:352": "hang"}
+
+
+def run_bench(lab: Lab, cases: list[dict], faults: dict, device: str = "gfx90a") -> tuple[int, dict, str]:
+    """The runner as bench.py runs it on a host: the agent on PYTHONPATH, JSON on one line of stdout."""
+    completed = subprocess.run(
+        ["env", f"PYTHONPATH={lab.agent}", f"CDNA2_DEVICE_DOUBLE={device}", f"CDNA2_DEVICE_DOUBLE_SDPA_MS={SDPA_MS}",
+         f"CDNA2_AITER_DOUBLE={json.dumps({'faults': faults})}", str(lab.python), "-B", "-m", "cdna2.host.bench",
+         "--site-packages", str(lab.host.site), "--state-dir", str(lab.host.state_dir), "--host-arch", "gfx90a",
+         "--cases-json", json.dumps(cases), "--json"],
+        capture_output=True, text=True, timeout=900, cwd=lab.home)
+    lines = completed.stdout.splitlines()
+    assert len(lines) == 1, f"--json prints exactly one line on stdout: {completed.stdout[-2000:]}{completed.stderr}"
+    return completed.returncode, json.loads(lines[0]), completed.stderr
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Lab:
+    return Lab(tmp_path_factory.mktemp("bench-doubles"))
+
+
+@pytest.fixture(scope="module")
+def bench_run(lab: Lab) -> tuple[int, dict, str, float]:
+    started = time.monotonic()
+    code, report, stderr = run_bench(lab, CASES, FAULTS)
+    return code, report, stderr, time.monotonic() - started
+
+
+def results(report: dict) -> dict[str, dict]:
+    return {result["case"]: result for result in report["cases"]}
+
+
+def test_correct_and_fast_is_measured_faster_than_the_fallback(bench_run) -> None:
+    result = results(bench_run[1])["correct_fast"]
+    assert result["status"] == "ok", result
+    assert result["speedup"] > 1.0, result
+    assert result["asm"]["runs"] == 5 and result["fallback"]["median_ms"] >= SDPA_MS
+    assert result["loaded"] and all("/hsa/gfx90a/fmha_v3_fwd/" in path for path in result["loaded"]), result
+
+
+def test_correct_and_slow_is_measured_and_said_to_be_slower(bench_run) -> None:
+    result = results(bench_run[1])["correct_slow"]
+    assert result["status"] == "ok" and result["speedup"] < 1.0, result
+    assert result["asm"]["median_ms"] >= 40 and "slower than the fallback" in result["detail"]
+
+
+def test_wrong_and_fast_is_wrong_and_has_no_figure(bench_run) -> None:
+    result = results(bench_run[1])["wrong_fast"]
+    assert result["status"] == "wrong" and result["detail"].startswith("WRONG: "), result
+    assert not {"asm", "fallback", "speedup", "figure"} & set(result)
+
+
+def test_no_load_line_is_fallback_not_asm(bench_run) -> None:
+    result = results(bench_run[1])["no_load_line"]
+    assert result["status"] == "fallback" and "no load line at all" in result["detail"], result
+    assert "speedup" not in result
+
+
+def test_a_crashed_case_is_crashed_and_the_next_case_still_runs(bench_run) -> None:
+    found = results(bench_run[1])
+    assert found["crashed"]["status"] == "crashed" and "SIGSEGV" in found["crashed"]["detail"], found["crashed"]
+    assert found["decode"]["status"] == "ok" and found["varlen"]["status"] == "ok", (found["decode"], found["varlen"])
+    assert found["decode"]["unit"] == "GB/s" and any("/hsa/gfx90a/pa/" in p for p in found["decode"]["loaded"])
+    assert any(path.endswith("_group.co") for path in found["varlen"]["loaded"])
+
+
+def test_a_hung_case_is_killed_at_its_limit_with_what_it_started(lab: Lab, bench_run) -> None:
+    result = results(bench_run[1])["hung"]
+    assert result["status"] == "hung" and f"timed out after {HANG_LIMIT} s" in result["detail"], result
+    assert "killed its process group (2 processes" in result["detail"], result
+    assert not (lab.host.site / "aiter" / "jit" / "build" / "lock_module_fmha_v3_fwd").exists()
+    assert bench_run[3] < 600
+
+
+def test_the_runner_exits_1_and_counts_every_status(bench_run) -> None:
+    code, report, stderr, _ = bench_run
+    assert code == 1, "wrong, crashed and hung cases fail the host"
+    assert report["counts"] == {"ok": 4, "wrong": 1, "fallback": 1, "crashed": 1, "hung": 1, "failed": 0,
+                                "skipped": 0}, report["counts"]
+    assert "bench:    wrong  wrong_fast: WRONG:" in stderr
+
+
+def test_a_gpu_that_cannot_be_used_fails_every_case(lab: Lab) -> None:
+    code, report, _ = run_bench(lab, CASES[:2], {}, device="none")
+    assert code == 1
+    assert {result["status"] for result in report["cases"]} == {"failed"}
+    assert all("the host probe saw gfx90a but its GPU cannot be used: no device" in result["detail"]
+               for result in report["cases"])
