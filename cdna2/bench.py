@@ -79,6 +79,19 @@ def skip_reason(arch: str | None, tool_state: dict | None) -> str | None:
     return "no smoke pass is recorded for its deployed state (run deploy.py: its smoke step records one)"
 
 
+def deploy_skip_reason(arch: str | None, gpu_checks: bool, reinstalled: list[str]) -> str | None:
+    """Why the deploy's bench step (``bench_on_deploy``) skips a host, as far as the plan can tell before anything
+    runs; the step also skips a host whose smoke step did not pass in the run."""
+    if arch != GPU_ARCH:
+        return f"not a {GPU_ARCH} host (the probe saw {arch})" if arch else "the probe found no GPU"
+    if not gpu_checks:
+        return ("the smoke step runs without GPU checks on this host (smoke_gpu_checks is off, or no GPU at build "
+                "time), so nothing proves the ASM path runs there")
+    if reinstalled:
+        return f"{', '.join(reinstalled)} (re)installed by this run: run the deploy again, then bench.py"
+    return None
+
+
 def host_command(python: str, site_packages: str, state_dir: str, host_arch: str | None, cases: list[dict],
                  case_timeout: float | None = None) -> list[str]:
     """The on-host runner's arguments after ``<python> -B -m cdna2.host.bench``."""

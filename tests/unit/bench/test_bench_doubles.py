@@ -45,8 +45,8 @@ CASES = [
      "heads_kv": 4, "head_dim": 128, "block": 16, "fallback": "paged_attention_rocm (HIP)", "proof": "^pa/",
      "warmup": 1, "repeats": 3, "case_timeout_seconds": 120},
     {"name": "varlen", "kind": "prefill_varlen", "what": "varlen 129+200", "lengths": [129, 200], "heads_q": 8,
-     "heads_kv": 1, "head_dim": 128, "fallback": "torch SDPA per sequence (bf16)", "proof": r"^fmha_v3_fwd/.*_group\.co$",
-     "warmup": 1, "repeats": 3, "case_timeout_seconds": 120},
+     "heads_kv": 1, "head_dim": 128, "fallback": "torch SDPA per sequence (bf16)",
+     "proof": r"^fmha_v3_fwd/.*_group\.co$", "warmup": 1, "repeats": 3, "case_timeout_seconds": 120},
 ]
 FAULTS = {"flash_attn_func:full:192": "slow", "flash_attn_func:full:224": "five_percent",
           "flash_attn_func:full:288": "fallback", "flash_attn_func:full:320": "crash",
