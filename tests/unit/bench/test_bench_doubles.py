@@ -14,11 +14,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from cdna2.host import state
+from cdna2.smoke_proof import proof_key
 from tests.unit.smoke.test_gpu_doubles import Lab
+from tests.unit.test_probe import FIXTURES, install_rocminfo
 
 pytestmark = pytest.mark.slow  # one child per case, each imports torch
 
@@ -138,3 +143,28 @@ def test_a_gpu_that_cannot_be_used_fails_every_case(lab: Lab) -> None:
     assert {result["status"] for result in report["cases"]} == {"failed"}
     assert all("the host probe saw gfx90a but its GPU cannot be used: no device" in result["detail"]
                for result in report["cases"])
+
+
+def test_python_m_cdna2_bench_on_this_machine_writes_the_report_with_its_picture(lab: Lab, tmp_path: Path) -> None:
+    """The local command: rocminfo a stand-in listing two MI210s (the probe's fixture), the tool state holding a
+    smoke pass with GPU checks for its deployed state, the cases a small file; figures, picture and WRONG named."""
+    install_rocminfo(tmp_path / "rocm", FIXTURES / "rocminfo-2x-mi210.txt")
+    state_dir = tmp_path / "state"
+    state.update_state(state_dir, "deployed", {"kernels": "ab" * 32})
+    state.update_state(state_dir, "smoke", {"proves": proof_key({"kernels": "ab" * 32}, True)})
+    cases = tmp_path / "cases.yaml"
+    cases.write_text(json.dumps({"format": 1, "budget_seconds": 120, "defaults": {},
+                                 "cases": [CASES[0], CASES[2]]}))
+    completed = subprocess.run(
+        [sys.executable, "-m", "cdna2", "bench", "--python", str(lab.python), "--site-packages", str(lab.host.site),
+         "--state-dir", str(state_dir), "--rocm-root", str(tmp_path / "rocm"), "--cases", str(cases),
+         "--report-dir", str(tmp_path / "reports"), "--host-name", "this-mi210"],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[3],
+        env={**os.environ, "CDNA2_DEVICE_DOUBLE": "gfx90a", "CDNA2_DEVICE_DOUBLE_SDPA_MS": str(SDPA_MS),
+             "CDNA2_AITER_DOUBLE": json.dumps({"faults": FAULTS})})
+    assert completed.returncode == 1, f"a WRONG case fails the run:\n{completed.stderr[-3000:]}"
+    report = json.loads((tmp_path / "reports" / "bench-latest.json").read_text())
+    [entry] = report["hosts"]
+    assert entry["host"] == "this-mi210" and [case["status"] for case in entry["cases"]] == ["ok", "wrong"]
+    assert report["picture"] and (tmp_path / "reports" / report["picture"]["path"]).stat().st_size > 0
+    assert f"![per-case speedup by host]({report['picture']['path']})" in completed.stderr
