@@ -39,16 +39,20 @@ probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_r
                    agent_dir=agent_dir(data.state_dir))
 container = is_container_target(host)
 # gfx90a GPUs on the PCI bus without an agent: a broken GPU, never "skipped".
-problem = hidden_gpu_refusal(probe, container) or target_env_error(probe)
+hidden_gpu = hidden_gpu_refusal(probe, container)
 probe, _ = with_data_arch(probe, data.gpu_arch, container)
 summarise_probe(report.host(host.name), probe)
+reason = skip_reason(probe["gpu"]["arch"], probe["state"])
+aiter = probe["distributions"].get("amd-aiter")
+# A host that would run the cases must still have its environment and AITER (else it drifted since its smoke pass).
+problem = hidden_gpu or (None if reason else target_env_error(probe) or (
+    None if aiter else "amd-aiter is no longer installed in the target environment: run verify.py, then the deploy"))
 
 if problem:
     report.step(host.name, "bench", FAILED, problem)
     bench.fail(host.name, problem)
     python.raise_exception(OperationError, f"{host.name}: {problem}", name="bench: the host can be benchmarked")
 else:
-    reason = skip_reason(probe["gpu"]["arch"], probe["state"])
     # 3. The agent runs the cases: bring it up to date where it predates this checkout (not on skipped hosts).
     agent = current_agent_bundle()
     if not reason and probe["agent"]["digest"] != agent.digest:
@@ -56,5 +60,5 @@ else:
                         installed_digest=probe["agent"]["digest"], target_python=data.target_python)
     # 4. Run, judge, record.
     benchmarked(name="bench: the host's figures are measured", bench=bench, report=report, skip_reason=reason,
-                cases=plan["cases"], site_packages=(probe["distributions"].get("amd-aiter") or {}).get("location"),
+                cases=plan["cases"], site_packages=(aiter or {}).get("location"),
                 target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"])

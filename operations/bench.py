@@ -109,8 +109,9 @@ def benchmarked(bench: BenchReport, report: RunReport, skip_reason: str | None, 
         report.step(host.name, "bench", SKIPPED, skip_reason)
         host.noop(f"benchmarks skipped: {skip_reason}")
         return
-    if not state.is_executing:
+    if not state.is_executing:  # a dry run, or a run not yet confirmed: execution replaces both entries
         report.step(host.name, "bench", PLANNED, f"{len(cases)} cases run at execution")
+        bench.skip(host.name, "not run: the benchmarks run at execution (a dry run, or a run not confirmed)")
         host.noop("benchmarks run at execution")
         return
     result = host.get_fact(BenchResult, target_python=target_python, state_dir=state_dir,
