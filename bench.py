@@ -16,7 +16,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
-from cdna2.bench import load_cases, skip_reason
+from cdna2.bench import host_cases, load_cases, skip_reason
 from cdna2.plan import hidden_gpu_refusal, target_env_error, with_data_arch
 from cdna2.report import FAILED, summarise_probe
 from operations.agent import agent_installed, current_agent_bundle
@@ -60,5 +60,6 @@ else:
                         installed_digest=probe["agent"]["digest"], target_python=data.target_python)
     # 4. Run, judge, record.
     benchmarked(name="bench: the host's figures are measured", bench=bench, report=report, skip_reason=reason,
-                cases=plan["cases"], site_packages=(aiter or {}).get("location"),
+                cases=host_cases(plan["cases"], (probe["state"] or {}).get("deployed")),
+                site_packages=(aiter or {}).get("location"),
                 target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"])

@@ -15,7 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
-from cdna2.bench import deploy_skip_reason, load_cases
+from cdna2.bench import deploy_skip_reason, host_cases, load_cases
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
@@ -208,7 +208,7 @@ else:
         benchmarked(name="bench: the host's figures are measured",
                     bench=BenchRecorder.install(state, bench_plan).report, report=report,
                     skip_reason=deploy_skip_reason(probe["gpu"]["arch"], gpu_checks, reinstalled),
-                    cases=bench_plan["cases"],
+                    cases=host_cases(bench_plan["cases"], deployed),
                     site_packages=(probe["distributions"].get("amd-aiter") or {}).get("location"),
                     target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"],
                     after_smoke_step=True)

@@ -79,6 +79,16 @@ def skip_reason(arch: str | None, tool_state: dict | None) -> str | None:
     return "no smoke pass is recorded for its deployed state (run deploy.py: its smoke step records one)"
 
 
+def host_cases(cases: list[dict], deployed: dict | None) -> list[dict]:
+    """The cases for one host: a case needing a patch set the host's deployed state lacks is marked ``skip``, with
+    why (the runner reports it skipped without starting it)."""
+    applied = {name for names in ((deployed or {}).get("patch_sets") or {}).values() for name in names}
+    return [{**case, "skip": f"needs the patch set {case['requires_patch_set']}, not applied on this host (add it "
+                             f"to optional_patch_sets where its AITER takes it)"}
+            if case.get("requires_patch_set") and case["requires_patch_set"] not in applied else case
+            for case in cases]
+
+
 def deploy_skip_reason(arch: str | None, gpu_checks: bool, reinstalled: list[str]) -> str | None:
     """Why the deploy's bench step (``bench_on_deploy``) skips a host, as far as the plan can tell before anything
     runs; the step also skips a host whose smoke step did not pass in the run."""
@@ -130,7 +140,8 @@ def bench_cmd(args: argparse.Namespace) -> int:
     else:
         completed = subprocess.run(
             [args.python, "-B", "-m", "cdna2.host.bench",
-             *host_command(args.python, args.site_packages, args.state_dir, arch, plan["cases"], args.case_timeout)],
+             *host_command(args.python, args.site_packages, args.state_dir, arch,
+                           host_cases(plan["cases"], tool_state.get("deployed")), args.case_timeout)],
             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
         try:
             report.add(name, parse_host_output(completed.stdout))

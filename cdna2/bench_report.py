@@ -254,8 +254,9 @@ def _count(statuses) -> dict[str, int]:
 def _reference(mi210: dict | None) -> str:
     if not mi210:
         return "-"
-    speedup = f", {mi210['speedup']:.2f}x" if mi210.get("speedup") else ""
-    return f"{mi210['figure']:g} {mi210['unit']}{speedup}"
+    parts = [f"{mi210['figure']:g} {mi210['unit']}"] if "figure" in mi210 else []
+    parts += [f"{mi210['speedup']:.2f}x"] if "speedup" in mi210 else []
+    return ", ".join(parts)
 
 
 def _host_cells(result: dict) -> list[str]:

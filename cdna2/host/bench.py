@@ -10,13 +10,15 @@ its time limit as the smoke test's GPU children are (``cdna2.host.smoke.gpu_chil
 - ``wrong``: the ASM output is off the reference (the smoke test's pass rule): WRONG, and no figure is reported,
   whatever the child timed;
 - ``fallback``: correct, but no kernel-load line names a code object of the case's kind in the provisioned
-  ``hsa/gfx90a``: a fallback computed it, and its time is reported as that, never as the ASM kernel's;
+  ``hsa/gfx90a`` (for a CK kernel: no import line of its JIT module from the provisioned ``aiter/``): a fallback
+  computed it, and its time is reported as that, never as the kernel's;
 - ``crashed``: the child died without a report (a signal, AITER's HIP_CALL exit); ``hung``: killed at its limit;
 - ``failed``: an exception, another AITER than the provisioned one, output not provably written, a fallback whose
   own output is wrong (no speedup can be given), or a GPU that cannot be used on a host probed as gfx90a;
 - ``ok``: median, min, max and spread of the timed runs of both paths, the speedup (fallback median / ASM median)
   and the ASM throughput (TFLOP/s for prefill, GB/s of KV cache read for decode);
-- ``skipped``: not a gfx90a host (the cases say why).
+- ``skipped``: not a gfx90a host, or a case the controller marked ``skip`` for this host (a patch set it needs is
+  not applied there); the detail says why.
 
 Standard library only; torch and aiter are imported only inside the children. Prints one JSON object on stdout
 (indented, or one line with ``--json``) and a human summary on stderr; exit 0 when no case is wrong, crashed, hung
@@ -48,9 +50,12 @@ def contexts(case: dict) -> list[int]:
 
 def work(case: dict) -> tuple[float, str]:
     """What one call does, in the unit its figure is given in per second: FLOPs of prefill attention (TFLOP/s;
-    4 * heads * seq_q * seq_k * head_dim, half of it when causal) or bytes of KV cache decode reads (GB/s)."""
+    4 * heads * seq_q * seq_k * head_dim, half of it when causal), bytes of KV cache decode reads (GB/s), or int8
+    operations of a GEMM (TOP/s, 2 * m * n * k)."""
     if case["kind"] == "decode":
         return sum(contexts(case)) * case["heads_kv"] * case["head_dim"] * 2 * 2 / 1e9, "GB/s"
+    if case["kind"] == "gemm_int8":
+        return 2 * case["m"] * case["n"] * case["k"] / 1e12, "TOP/s"
     lengths = case["lengths"] if case["kind"] == "prefill_varlen" else [case["seqlen"]] * case["batch"]
     causal = case["kind"] == "prefill_varlen" or case["causal"]
     flops = sum(4 * case["heads_q"] * length * length * case["head_dim"] for length in lengths)
@@ -66,6 +71,33 @@ def timing(times: list[float]) -> dict:
 
 def case_result(case: dict, status: str, detail: str, **figures) -> dict:
     return {"case": case["name"], "kind": case["kind"], "status": status, "detail": detail, **figures}
+
+
+MODULE_IMPORT = re.compile(r"import \[(?P<module>[A-Za-z0-9_]+)\] under (?P<path>\S+)")
+
+
+def kernel_proof(case: dict, captured: str, run: smoke.GpuRun) -> tuple[list[str], str, str]:
+    """What in the child's captured output proves the case's kernel ran, what was wanted, and what was seen.
+
+    ASM kernels (``proof``): a kernel-load line naming a code object under the provisioned hsa/gfx90a whose path
+    there matches ``proof``. CK kernels (``proof_module``): AITER's import line for that JIT module, from the
+    provisioned ``aiter/`` (a module in ``AITER_JIT_DIR`` or ``~/.aiter`` elsewhere is no proof).
+    """
+    if "proof_module" in case:
+        imports = list(MODULE_IMPORT.finditer(captured))
+        package = run.site_packages / "aiter"
+        proof = sorted({match["path"] for match in imports
+                        if match["module"] == case["proof_module"] and smoke._within(match["path"], package)})
+        seen = (f"imported {smoke._named(sorted({match['path'] for match in imports}))}" if imports
+                else "no module import line at all")
+        return proof, f"no import line names {case['proof_module']} in the provisioned {package}", seen
+    loads = smoke.load_lines(captured)
+    proof = sorted({load["path"] for load in loads
+                    if (inside := smoke._relative_in(load["path"], run.tree)) is not None
+                    and re.search(case["proof"], inside)})
+    seen = f"loaded {smoke._named(sorted({load['path'] for load in loads}))}" if loads else "no load line at all"
+    return (proof, f"no kernel-load line names a code object matching {case['proof']} in the provisioned {run.tree}",
+            seen)
 
 
 def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
@@ -95,17 +127,12 @@ def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
         return case_result(case, FAILED, f"{what}: the fallback ({case['fallback']}) differs from the reference "
                                          f"({smoke._figures(report['fallback'])}), so no speedup can be given",
                            asm_check=asm)
-    loads = smoke.load_lines(report.get("captured", ""))
-    proof = sorted({load["path"] for load in loads
-                    if (inside := smoke._relative_in(load["path"], run.tree)) is not None
-                    and re.search(case["proof"], inside)})
+    proof, wanted, seen = kernel_proof(case, report.get("captured", ""), run)
     asm_timing, fallback_timing = timing(report["asm_ms"]), timing(report["fallback_ms"])
     if not proof:
-        loaded = f"loaded {smoke._named(sorted({load['path'] for load in loads}))}" if loads else "no load line at all"
-        return case_result(case, FALLBACK, f"fallback: {what} is correct but no kernel-load line names a code object "
-                                           f"matching {case['proof']} in the provisioned {run.tree} ({loaded}), so "
-                                           f"a fallback computed it: {asm_timing['median_ms']:.3f} ms is not the ASM "
-                                           f"kernel's", measured=asm_timing, fallback=fallback_timing)
+        return case_result(case, FALLBACK, f"fallback: {what} is correct but {wanted} ({seen}), so a fallback "
+                                           f"computed it: {asm_timing['median_ms']:.3f} ms is not the kernel's",
+                           measured=asm_timing, fallback=fallback_timing)
     amount, unit = work(case)
     speedup = fallback_timing["median_ms"] / asm_timing["median_ms"]
     figure = amount / (asm_timing["median_ms"] / 1000.0)
@@ -125,16 +152,23 @@ def run_bench(site_packages: Path, state_dir: Path, host_arch: str | None, cases
             "the host probe found no GPU"
         results = [case_result(case, SKIPPED, f"skipped: {why}") for case in cases]
         return summarised(results, None, host_arch, started)
+    # Cases the controller marked for this host (a patch set it lacks): skipped with that, no child started.
+    skipped = {case["name"]: case_result(case, SKIPPED, f"skipped: {case['skip']}")
+               for case in cases if case.get("skip")}
+    if len(skipped) == len(cases):
+        return summarised(list(skipped.values()), None, host_arch, started)
     with smoke.searched_first(site_packages):
         view = smoke.read_host(site_packages, state_dir)
     run = smoke.GpuRun(state_dir, site_packages, view.gfx90a_tree, smoke.GpuLimits(device=device_timeout))
     device = smoke.gpu_child(["device"], run, device_timeout)
     reason = device.get("error") or device.get("reason")
     if reason:
-        results = [case_result(case, FAILED, f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}")
+        results = [skipped.get(case["name"]) or
+                   case_result(case, FAILED, f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}")
                    for case in cases]
         return summarised(results, device.get("device"), host_arch, started)
-    results = [judge_case(case, smoke.gpu_child(["run", json.dumps(case, sort_keys=True)], run,
+    results = [skipped.get(case["name"]) or
+               judge_case(case, smoke.gpu_child(["run", json.dumps(case, sort_keys=True)], run,
                                                 case_timeout or case["case_timeout_seconds"], module="bench_gpu"), run)
                for case in cases]
     return summarised(results, device["device"], host_arch, started)

@@ -7,10 +7,11 @@ a process loads it); torch and aiter are imported here, inside functions, and on
 NaN prefill, the references and the pass rule are the smoke test's (``cdna2.host.smoke_gpu``), so a figure is only
 ever reported for output that would pass the smoke test.
 
-Per case: the ASM call once into NaN-filled memory, judged against an fp32 reference; only when it passes, the
-fallback once (torch SDPA for prefill, AITER's HIP ``paged_attention_rocm`` for decode), judged the same way; only
-when both pass, ``warmup`` untimed calls and ``repeats`` timed calls of each, each call between two device events
-(``torch.cuda.Event``): device time, not host time. Nothing is timed for output that is wrong.
+Per case: the ASM (or CK) call once into NaN-filled memory, judged against a reference in fp32 (fp64 for GEMM); only
+when it passes, the fallback once (torch SDPA for prefill, AITER's HIP ``paged_attention_rocm`` for decode, torch's
+bf16 GEMM for INT8 GEMM), judged the same way; only when both pass, ``warmup`` untimed calls and ``repeats`` timed
+calls of each, each call between two device events (``torch.cuda.Event``): device time, not host time. Nothing is
+timed for output that is wrong.
 
 Prints one JSON object on stdout (its last line) and exits 0 when it could report; the parent judges the result.
 Unproven without an MI210: every figure, and the fallbacks' own errors against the pass rule on the device.
@@ -27,9 +28,14 @@ from pathlib import Path
 from typing import Callable
 
 from cdna2.host.cli import finish
-from cdna2.host.smoke_gpu import (CAPTURED_TAIL, LOAD_LINE_MARKERS, PagedInputs, VarlenInputs, _nan, _same_memory,
-                                  _synchronize, captured_fds, compare, in_nan_pool, nan_pool, passes,
+from cdna2.host.smoke_gpu import (CAPTURED_TAIL, DEVICE, LOAD_LINE_MARKERS, SEED, PagedInputs, VarlenInputs, _nan,
+                                  _same_memory, _synchronize, captured_fds, compare, in_nan_pool, nan_pool, passes,
                                   prefill_inputs, prefill_reference, provenance)
+
+# Lines of a case's captured output the parent parses for proof: kernel-load lines, and AITER's JIT module imports
+# ("[aiter] import [module_gemm_a8w8] under <path>", logged to stderr at INFO by aiter/jit/core.py) for CK kernels,
+# which are compiled into a module rather than loaded as code objects.
+PROOF_MARKERS = (*LOAD_LINE_MARKERS, "import [")
 
 
 def time_calls(torch, call: Callable[[], object], warmup: int, repeats: int) -> list[float]:
@@ -143,7 +149,40 @@ def decode(case: dict) -> dict:
                              float(inputs.values.abs().max()), asm_prefilled)
 
 
-KINDS: dict[str, Callable[[dict], dict]] = {"prefill": prefill, "prefill_varlen": prefill_varlen, "decode": decode}
+def gemm_int8(case: dict) -> dict:
+    """INT8 GEMM with per-row and per-column fp32 scales, bf16 out: AITER's CK ``gemm_a8w8_CK`` against torch's bf16
+    GEMM of the same operands (int8 values are exact in bf16), scaled after it.
+
+    The reference is exact: fp64 products of the int8 operands, then the scales. The scales lie in [2**-10, 2**-9]
+    (the reference project's in-range case), so outputs are of order one. ``value_max`` is max|ref|: the fallback
+    rounds twice (its GEMM's bf16 output, then the scaled result), each within U * |ref|.
+    """
+    torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
+    generator = torch.Generator().manual_seed(SEED)
+    m, n, k = case["m"], case["n"], case["k"]
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=generator).to(DEVICE)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator).to(DEVICE)
+    x_scale = torch.empty((m, 1), dtype=torch.float32).uniform_(2 ** -10, 2 ** -9, generator=generator).to(DEVICE)
+    w_scale = torch.empty((1, n), dtype=torch.float32).uniform_(2 ** -10, 2 ** -9, generator=generator).to(DEVICE)
+    reference = (x.double() @ w.double().T) * x_scale.double() * w_scale.double()
+    x_bf16, w_bf16 = x.to(torch.bfloat16), w.to(torch.bfloat16)
+
+    def asm():
+        return aiter.gemm_a8w8_CK(x, w, x_scale, w_scale, None, torch.bfloat16)
+
+    def asm_prefilled():
+        with nan_pool(torch, (m, n)) as ranges:
+            out = asm()
+        return out, in_nan_pool(out, ranges)
+
+    def fallback():
+        return (torch.mm(x_bf16, w_bf16.t()).float() * x_scale * w_scale).to(torch.bfloat16)
+
+    return judged_then_timed(torch, case, asm, fallback, reference, float(reference.abs().max()), asm_prefilled)
+
+
+KINDS: dict[str, Callable[[dict], dict]] = {"prefill": prefill, "prefill_varlen": prefill_varlen, "decode": decode,
+                                            "gemm_int8": gemm_int8}
 
 
 def run_case(case: dict, capture_file: Path | None = None) -> dict:
@@ -157,7 +196,7 @@ def run_case(case: dict, capture_file: Path | None = None) -> dict:
             result["error"] = f"{type(error).__name__}: {error}"
             result["traceback"] = traceback.format_exc()[-2000:]
     result["captured"] = "\n".join(line for line in captured.text.splitlines()
-                                   if any(marker in line for marker in LOAD_LINE_MARKERS))
+                                   if any(marker in line for marker in PROOF_MARKERS))
     result["captured_tail"] = captured.text[-CAPTURED_TAIL:]
     return result
 

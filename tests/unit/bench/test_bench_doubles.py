@@ -52,6 +52,9 @@ CASES = [
     {"name": "varlen", "kind": "prefill_varlen", "what": "varlen 129+200", "lengths": [129, 200], "heads_q": 8,
      "heads_kv": 1, "head_dim": 128, "fallback": "torch SDPA per sequence (bf16)",
      "proof": r"^fmha_v3_fwd/.*_group\.co$", "warmup": 1, "repeats": 3, "case_timeout_seconds": 120},
+    {"name": "gemm", "kind": "gemm_int8", "what": "INT8 GEMM 1024x1024x256", "m": 1024, "n": 1024, "k": 256,
+     "fallback": "torch bf16 GEMM", "proof_module": "module_gemm_a8w8", "warmup": 1, "repeats": 3,
+     "case_timeout_seconds": 120},
 ]
 FAULTS = {"flash_attn_func:full:192": "slow", "flash_attn_func:full:224": "five_percent",
           "flash_attn_func:full:288": "fallback", "flash_attn_func:full:320": "crash",
@@ -113,12 +116,14 @@ def test_no_load_line_is_fallback_not_asm(bench_run) -> None:
     assert "speedup" not in result
 
 
-def test_a_crashed_case_is_crashed_and_the_next_case_still_runs(bench_run) -> None:
+def test_a_crashed_case_is_crashed_and_the_next_cases_still_run(lab: Lab, bench_run) -> None:
     found = results(bench_run[1])
     assert found["crashed"]["status"] == "crashed" and "SIGSEGV" in found["crashed"]["detail"], found["crashed"]
     assert found["decode"]["status"] == "ok" and found["varlen"]["status"] == "ok", (found["decode"], found["varlen"])
     assert found["decode"]["unit"] == "GB/s" and any("/hsa/gfx90a/pa/" in p for p in found["decode"]["loaded"])
     assert any(path.endswith("_group.co") for path in found["varlen"]["loaded"])
+    assert found["gemm"]["status"] == "ok" and found["gemm"]["unit"] == "TOP/s", found["gemm"]
+    assert found["gemm"]["loaded"] == [f"{lab.host.site}/aiter/jit/module_gemm_a8w8.so"], "the CK module's import"
 
 
 def test_a_hung_case_is_killed_at_its_limit_with_what_it_started(lab: Lab, bench_run) -> None:
@@ -132,7 +137,7 @@ def test_a_hung_case_is_killed_at_its_limit_with_what_it_started(lab: Lab, bench
 def test_the_runner_exits_1_and_counts_every_status(bench_run) -> None:
     code, report, stderr, _ = bench_run
     assert code == 1, "wrong, crashed and hung cases fail the host"
-    assert report["counts"] == {"ok": 4, "wrong": 1, "fallback": 1, "crashed": 1, "hung": 1, "failed": 0,
+    assert report["counts"] == {"ok": 5, "wrong": 1, "fallback": 1, "crashed": 1, "hung": 1, "failed": 0,
                                 "skipped": 0}, report["counts"]
     assert "bench:    wrong  wrong_fast: WRONG:" in stderr
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.bench import BenchDataError, load_cases, skip_reason
+from cdna2.bench import BenchDataError, host_cases, load_cases, skip_reason
 from cdna2.host import bench, smoke
 from cdna2.smoke_proof import proof_key
 
@@ -157,3 +157,43 @@ def test_a_host_that_is_not_gfx90a_skips_every_case_without_starting_a_child(tmp
     report = bench.run_bench(tmp_path, tmp_path, "gfx942", [CASE])
     assert [case["status"] for case in report["cases"]] == ["skipped"]
     assert report["cases"][0]["detail"] == "skipped: the host probe saw gfx942, the benchmarks are for gfx90a"
+
+
+GEMM = {"name": "gemm_int8_4096", "kind": "gemm_int8", "what": "INT8 GEMM 4096^3", "m": 4096, "n": 4096, "k": 4096,
+        "fallback": "torch bf16 GEMM", "proof_module": "module_gemm_a8w8", "requires_patch_set": "aiter-ck-int8-gemm",
+        "warmup": 3, "repeats": 20, "case_timeout_seconds": 60}
+
+
+def test_a_case_needing_a_patch_set_the_host_lacks_is_skipped_without_a_child(tmp_path: Path) -> None:
+    deployed = {"patch_sets": {"amd-aiter": ["aiter-asm-paths"], "vllm": ["vllm-attention-gate"]}}
+    marked = host_cases([CASE, GEMM], deployed)
+    assert "skip" not in marked[0]
+    assert marked[1]["skip"].startswith("needs the patch set aiter-ck-int8-gemm, not applied on this host")
+    deployed["patch_sets"]["amd-aiter"].append("aiter-ck-int8-gemm")
+    assert "skip" not in host_cases([GEMM], deployed)[0]
+    # every case skipped: no device probe, no case child (tmp_path holds no AITER at all)
+    report = bench.run_bench(tmp_path, tmp_path, "gfx90a", marked[1:])
+    assert [case["status"] for case in report["cases"]] == ["skipped"] and report["device"] is None
+    assert report["cases"][0]["detail"] == f"skipped: {marked[1]['skip']}"
+
+
+def test_a_ck_gemm_is_proven_by_its_jit_module_import_from_the_provisioned_aiter(tmp_path: Path) -> None:
+    run = gpu_run(tmp_path)
+    provisioned = f"[aiter] import [module_gemm_a8w8] under {run.site_packages}/aiter/jit/module_gemm_a8w8.so"
+    elsewhere = "[aiter] import [module_gemm_a8w8] under /root/.aiter/jit/module_gemm_a8w8.so"
+    result = bench.judge_case(GEMM, {**child_report(run), "captured": provisioned}, run)
+    assert result["status"] == "ok" and result["unit"] == "TOP/s", result
+    assert result["figure"] == pytest.approx(2 * 4096 ** 3 / 1e-3 / 1e12)  # 1 ms
+    for captured in (elsewhere, child_report(run)["captured"], ""):
+        result = bench.judge_case(GEMM, {**child_report(run), "captured": captured}, run)
+        assert result["status"] == "fallback", result
+        assert f"no import line names module_gemm_a8w8 in the provisioned {run.site_packages / 'aiter'}" in \
+            result["detail"]
+
+
+def test_a_gemm_case_with_an_attention_field_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "cases.yaml"
+    path.write_text(json.dumps({"format": 1, "budget_seconds": 120, "defaults": {},
+                                "cases": [{**GEMM, "proof": "^pa/"}]}))
+    with pytest.raises(BenchDataError, match=r"\$\.cases\[0\]"):
+        load_cases(path)

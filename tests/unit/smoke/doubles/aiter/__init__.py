@@ -18,7 +18,9 @@ fallback computed it), ``hang`` (in a ``smoke_gpu run`` or ``bench_gpu run`` pro
 "compiler" grandchild, never return), ``crash`` (in such a process: die with SIGSEGV, as a bad code object does) or
 ``slow`` (correct, but every call takes SLOW_MS longer: a throttled or degraded GPU). ``paged_attention_rocm``
 (AITER's HIP decode kernel, the benchmarks' decode fallback) takes the same faults under
-``paged_attention_rocm:full:1``.
+``paged_attention_rocm:full:1``. ``gemm_a8w8_CK`` (CK INT8 GEMM) logs AITER's JIT import line for
+``module_gemm_a8w8`` on stderr once per process, as ``aiter/jit/core.py`` does, and takes them under
+``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line).
 """
 
 import json
@@ -171,4 +173,17 @@ def paged_attention_rocm(out, exp_sums, max_logits, tmp_out, query, key_cache, v
         seq_keys = keys[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
         seq_values = values[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
         out[seq] = _attention(query[seq][None], seq_keys, seq_values, False, None, scale, fault)[0]
+    return out
+
+
+def gemm_a8w8_CK(XQ, WQ, x_scale, w_scale, bias=None, dtype=torch.bfloat16, splitK=None):
+    """CK INT8 GEMM: exact integer products, then the scales, one rounding to ``dtype``; AITER allocates Y."""
+    fault = _fault("gemm_a8w8_CK", False, XQ.shape[0])
+    _hang_if_asked(fault)
+    if fault != "fallback" and "module_gemm_a8w8" not in _LOADED:
+        _LOADED.add("module_gemm_a8w8")
+        os.write(2, f"[aiter] import [module_gemm_a8w8] under {_HERE}/jit/module_gemm_a8w8.so\n".encode())
+    out = torch.empty(XQ.shape[0], WQ.shape[0], dtype=dtype)
+    exact = (XQ.double() @ WQ.double().T) * x_scale.double() * w_scale.double()
+    out.copy_(exact * (1.05 if fault == "five_percent" else 1.0))
     return out
