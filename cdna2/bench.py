@@ -102,7 +102,7 @@ def deploy_skip_reason(arch: str | None, gpu_checks: bool, reinstalled: list[str
     return None
 
 
-def host_command(python: str, site_packages: str, state_dir: str, host_arch: str | None, cases: list[dict],
+def host_command(site_packages: str, state_dir: str, host_arch: str | None, cases: list[dict],
                  case_timeout: float | None = None) -> list[str]:
     """The on-host runner's arguments after ``<python> -B -m cdna2.host.bench``."""
     return ["--site-packages", site_packages, "--state-dir", state_dir, "--host-arch", host_arch or "none",
@@ -140,7 +140,7 @@ def bench_cmd(args: argparse.Namespace) -> int:
     else:
         completed = subprocess.run(
             [args.python, "-B", "-m", "cdna2.host.bench",
-             *host_command(args.python, args.site_packages, args.state_dir, arch,
+             *host_command(args.site_packages, args.state_dir, arch,
                            host_cases(plan["cases"], tool_state.get("deployed")), args.case_timeout)],
             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPOSITORY)})
         try:

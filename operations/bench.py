@@ -34,7 +34,7 @@ class BenchResult(FactBase[dict]):
     def command(self, target_python: str, state_dir: str, site_packages: str, host_arch: str | None,
                 cases: list[dict]) -> StringCommand:
         return StringCommand(agent_command(target_python, state_dir, "bench",
-                                           *host_command(target_python, site_packages, state_dir, host_arch, cases)),
+                                           *host_command(site_packages, state_dir, host_arch, cases)),
                              "|| true")
 
     @override

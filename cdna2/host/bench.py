@@ -122,11 +122,11 @@ def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
                                          f"element the kernel never wrote cannot be told from stale memory")
     if not smoke_gpu.passes(asm):
         return case_result(case, WRONG, f"WRONG: {what} differs from the reference ({smoke._figures(asm)}); "
-                                        f"no figure is reported for a wrong result", asm_check=asm)
+                                        f"no figure is reported for a wrong result", check=asm)
     if not smoke_gpu.passes(report["fallback"]):
         return case_result(case, FAILED, f"{what}: the fallback ({case['fallback']}) differs from the reference "
                                          f"({smoke._figures(report['fallback'])}), so no speedup can be given",
-                           asm_check=asm)
+                           check=asm)
     proof, wanted, seen = kernel_proof(case, report.get("captured", ""), run)
     asm_timing, fallback_timing = timing(report["asm_ms"]), timing(report["fallback_ms"])
     if not proof:

@@ -40,7 +40,7 @@ os.environ["AITER_ASM_DIR"] = AITER_ASM_DIR
 JIT_BUILD_DIR = os.path.join(_HERE, "jit", "build")
 _BEHAVIOUR = json.loads(os.environ.get("CDNA2_AITER_DOUBLE", "{}"))
 _LOADED = set()
-SLOW_MS = 40
+SLOW_MS = 60
 
 
 def _load(code_object, symbol, fault):
