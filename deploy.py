@@ -206,7 +206,7 @@ else:
     #    step, which must have passed in this run with its GPU checks, so that a figure is the proven ASM path's.
     if bench_plan is not None:
         benchmarked(name="bench: the host's figures are measured",
-                    bench=BenchRecorder.install(state, bench_plan).report, report=report,
+                    bench=BenchRecorder.install(state, bench_plan, on_deploy=True).report, report=report,
                     skip_reason=deploy_skip_reason(probe["gpu"]["arch"], gpu_checks, reinstalled),
                     cases=host_cases(bench_plan["cases"], deployed),
                     site_packages=(probe["distributions"].get("amd-aiter") or {}).get("location"),

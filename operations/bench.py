@@ -50,21 +50,23 @@ class BenchRecorder:
 
     _current: BenchRecorder | None = None
 
-    def __init__(self, state: State, plan: dict):
+    def __init__(self, state: State, plan: dict, on_deploy: bool):
         self.state = state
+        self.on_deploy = on_deploy  # in a deploy, only hosts whose data sets bench_on_deploy run benchmarks
         self.report = BenchReport(inventory=inventory_argument(sys.argv[1:]), budget_seconds=plan["budget_seconds"],
                                   cases=plan["cases"])
 
     @classmethod
-    def install(cls, state: State, plan: dict) -> BenchRecorder:
+    def install(cls, state: State, plan: dict, on_deploy: bool = False) -> BenchRecorder:
         if cls._current is None or cls._current.state is not state:
-            cls._current = cls(state, plan)
+            cls._current = cls(state, plan, on_deploy)
             atexit.register(cls._current.finish)
         return cls._current
 
     def finish(self) -> None:
-        for failed in self.state.failed_hosts:  # hosts that failed before their bench step said anything
-            if failed.name not in self.report.hosts:
+        # Hosts that failed before their bench step said anything (in a deploy, only those whose data asked for it).
+        for failed in self.state.failed_hosts:
+            if failed.name not in self.report.hosts and (not self.on_deploy or failed.data.get("bench_on_deploy")):
                 self.report.fail(failed.name, "the host failed before its benchmarks ran (see the run report)")
         json_path, markdown_path = self.report.write(report_dir())
         logger.info(f"--> Bench report written to {markdown_path} and {json_path}")

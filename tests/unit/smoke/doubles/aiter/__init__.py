@@ -40,7 +40,7 @@ os.environ["AITER_ASM_DIR"] = AITER_ASM_DIR
 JIT_BUILD_DIR = os.path.join(_HERE, "jit", "build")
 _BEHAVIOUR = json.loads(os.environ.get("CDNA2_AITER_DOUBLE", "{}"))
 _LOADED = set()
-SLOW_MS = 60
+SLOW_MS = 300
 
 
 def _load(code_object, symbol, fault):
@@ -53,7 +53,7 @@ def _load(code_object, symbol, fault):
 def _hang_if_asked(fault):
     """The faults that act before the call computes anything: ``hang``, ``crash``, ``slow``."""
     if fault == "slow":
-        time.sleep(SLOW_MS / 1000)
+        torch.cuda._sleep(int(SLOW_MS * 1e6))  # a kernel that keeps the device busy SLOW_MS longer
     if fault not in ("hang", "crash") or sys.argv[1:2] != ["run"]:
         return
     if fault == "crash":
