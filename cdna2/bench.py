@@ -24,6 +24,7 @@ import yaml
 from cdna2.bench_report import BenchReport
 from cdna2.host import probe as host_probe
 from cdna2.host import state as host_state
+from cdna2.plan import hidden_gpu_refusal
 from cdna2.schema import first_violation, load_yaml
 from cdna2.smoke_proof import recorded_proof
 
@@ -126,7 +127,8 @@ def bench_cmd(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     errors: list[str] = []
-    arch = host_probe.read_gpus(args.rocm_root, host_probe.KFD_TOPOLOGY, errors)["arch"]
+    gpus = host_probe.read_gpus(args.rocm_root, host_probe.KFD_TOPOLOGY, errors)
+    arch = gpus["arch"]
     try:
         tool_state = host_state.read_state(Path(args.state_dir))
     except (OSError, ValueError) as error:
@@ -134,8 +136,12 @@ def bench_cmd(args: argparse.Namespace) -> int:
         return 1
     name = args.host_name or socket.gethostname()
     report = BenchReport(inventory="local", budget_seconds=plan["budget_seconds"], cases=plan["cases"])
+    # gfx90a GPUs on the PCI bus that rocminfo does not list: a broken GPU fails, never "skipped".
+    broken = hidden_gpu_refusal({"gpu": gpus, "errors": errors}, container=False)
     reason = skip_reason(arch, tool_state)
-    if reason:
+    if broken:
+        report.fail(name, broken)
+    elif reason:
         report.skip(name, reason)
     else:
         completed = subprocess.run(
