@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.agent import agent_dir
+from cdna2.bench import deploy_skip_reason, host_cases, load_cases
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
@@ -26,6 +27,7 @@ from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.wheels import WheelPlanError
 from operations.agent import agent_installed, current_agent_bundle
+from operations.bench import BenchRecorder, benchmarked
 from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
@@ -44,6 +46,7 @@ data = host.data
 validate_inventory(inventory)
 catalog, wheel_plan_for = load_data_files(data)
 fp8_configs = fp8_configs_of(data)
+bench_plan = load_cases() if data.bench_on_deploy else None
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
@@ -198,3 +201,14 @@ else:
     if not reinstalled and record_needed("deployed", deployed, probe["state"]):
         recorded(name="state: the deployed state is recorded", key="deployed", value=deployed,
                  current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)
+
+    # 9. Benchmarks, only where the host data asks (bench_on_deploy; bench.py runs them on demand): after the smoke
+    #    step, which must have passed in this run with its GPU checks, so that a figure is the proven ASM path's.
+    if bench_plan is not None:
+        benchmarked(name="bench: the host's figures are measured",
+                    bench=BenchRecorder.install(state, bench_plan, on_deploy=True).report, report=report,
+                    skip_reason=deploy_skip_reason(probe["gpu"]["arch"], gpu_checks, reinstalled),
+                    cases=host_cases(bench_plan["cases"], deployed),
+                    site_packages=(probe["distributions"].get("amd-aiter") or {}).get("location"),
+                    target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"],
+                    after_smoke_step=True)

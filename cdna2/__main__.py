@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "cdna2.patches.cli",  # patch {plan,apply,check,revert}
     "cdna2.wheels",  # wheels plan
     "cdna2.hostdata",  # validate-data
+    "cdna2.bench",  # bench
 )
 
 

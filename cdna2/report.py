@@ -216,7 +216,7 @@ class RunReport:
 
 # Report columns follow the deploy's order of steps.
 STEP_ORDER = ["validate", "probe", "wheels", "kernels", "patches amd-aiter", "patches vllm", "fp8 configs", "smoke",
-              "verify", "rollback", "image"]
+              "bench", "verify", "rollback", "image"]
 # Steps every host passes before any work (their failure shows as the host's status, with the reason below).
 PRECHECK_STEPS = ("validate", "probe", "preflight")
 SHORT_STEP_NAMES = {"patches amd-aiter": "aiter patch", "patches vllm": "vllm patch", "fp8 configs": "fp8 cfg"}

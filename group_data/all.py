@@ -69,6 +69,10 @@ smoke_tests = True
 # are then reported "skipped", and the pass recorded says it was made without them.
 smoke_gpu_checks = True
 
+# Run the benchmarks (cdna2/data/bench-cases.yaml, about 2 minutes per MI210) at the end of the deploy, after its
+# smoke step passed with GPU checks. Off: `pyinfra -y INVENTORY bench.py` runs them when asked.
+bench_on_deploy = False
+
 # On rollback, also reinstall the triton version recorded before the first deploy.
 rollback_restore_triton = False
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from typing import Any
@@ -11,23 +10,10 @@ from pyinfra import host, state
 from pyinfra.api import operation
 
 from cdna2.report import FAILED, RunReport
+from cdna2.smoke_proof import proof_key, recorded_proof
 from operations.agent import agent_command
 from operations.facts import SmokeResult
 from operations.util import fail_host_command
-
-
-def proof_key(deployed: dict[str, Any], gpu_checks: bool) -> str:
-    """What a smoke pass proves: the deployed state it ran against (packages, kernel tree, patch sets), and whether
-    its GPU checks ran (a pass without them never stands for one with them)."""
-    proved = {"deployed": deployed, "gpu_checks": gpu_checks}
-    return hashlib.sha256(json.dumps(proved, sort_keys=True).encode()).hexdigest()
-
-
-def recorded_proof(deployed: dict[str, Any], gpu_checks: bool, current_state: dict | None) -> dict | None:
-    """The smoke pass recorded on the host (``state.json["smoke"]``) when it proves this very deployed state."""
-    recorded_smoke = (current_state or {}).get("smoke")
-    key = proof_key(deployed, gpu_checks)
-    return recorded_smoke if recorded_smoke and recorded_smoke.get("proves") == key else None
 
 
 def reused_proof_summary(proof: dict) -> str:

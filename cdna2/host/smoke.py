@@ -565,20 +565,21 @@ def run_in_own_group(command: list[str], run: GpuRun, env: dict[str, str], timeo
 
 
 # -I: isolated mode, so neither the working directory, PYTHONPATH nor the user's site-packages can put another
-# aiter/ before the installed one; the agent is put on sys.path by hand instead.
-CHILD_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from cdna2.host.smoke_gpu import main; "
-                   "sys.exit(main(sys.argv[1:]))")
+# aiter/ before the installed one; the agent is put on sys.path by hand instead. argv: AGENT_ROOT MODULE ARGS.
+CHILD_BOOTSTRAP = ("import importlib, sys; sys.path.insert(0, sys.argv.pop(1)); "
+                   "main = importlib.import_module('cdna2.host.' + sys.argv.pop(1)).main; sys.exit(main(sys.argv[1:]))")
 
 
-def _gpu_child(args: list[str], run: GpuRun, timeout: float) -> dict:
-    """Run ``cdna2.host.smoke_gpu ARGS`` in a fresh process group; its last stdout line is its JSON report.
+def gpu_child(args: list[str], run: GpuRun, timeout: float, module: str = "smoke_gpu") -> dict:
+    """Run ``cdna2.host.<module> ARGS`` (smoke_gpu, or bench_gpu for the benchmarks) in a fresh process group; its
+    last stdout line is its JSON report.
 
     The child's captured fd output goes to a file here, so what it printed before dying is still reported.
     """
     env = {**os.environ, **GPU_CHILD_ENV}
     with tempfile.TemporaryDirectory(prefix="cdna2-smoke-") as scratch:
         capture_file = Path(scratch, "captured.log")
-        command = [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP, str(AGENT_ROOT), *args]
+        command = [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP, str(AGENT_ROOT), module, *args]
         if args[0] == "run":
             command += ["--capture-file", str(capture_file)]
         ended = run_in_own_group(command, run, env, timeout)
@@ -593,7 +594,7 @@ def _gpu_child(args: list[str], run: GpuRun, timeout: float) -> dict:
         number = importcheck.signal_of(ended["returncode"])
         how = f"{signal.Signals(number).name} (exit {128 + number})" if number else f"exit {ended['returncode']}"
         tail = (ended["stdout"] + ended["stderr"]).strip()[-800:]
-        return {"error": f"'smoke_gpu {' '.join(args)}' ended with {how} and no report{': ' + tail if tail else ''}"
+        return {"error": f"'{module} {' '.join(args)}' ended with {how} and no report{': ' + tail if tail else ''}"
                          f"{cleanup}", "captured_tail": _tail_of(capture_file)}
 
 
@@ -700,16 +701,16 @@ def gpu_checks(host_arch: str | None, run: GpuRun | None,
         why = f"the host probe saw {host_arch}, these checks are for {GPU_ARCH}" if host_arch else \
             "the host probe found no GPU"
         return [result(check.name, GPU, SKIPPED, f"skipped: {why}") for check in GPU_CHECKS], None
-    probe_report = _gpu_child(["device"], run, run.limits.device)
+    probe_report = gpu_child(["device"], run, run.limits.device)
     reason = probe_report.get("error") or probe_report.get("reason")
     if reason:
         return [result(check.name, GPU, FAILED, f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}")
                 for check in GPU_CHECKS], probe_report.get("device")
-    warmup = _gpu_child(["warmup", *(check.case for check in GPU_CHECKS)], run, run.limits.warmup)
+    warmup = gpu_child(["warmup", *(check.case for check in GPU_CHECKS)], run, run.limits.warmup)
     if warmup.get("timed_out"):
         return [result(check.name, GPU, FAILED, f"{check.what}: the warm-up (AITER's JIT builds and first loads) "
                                                 f"{warmup['error']}") for check in GPU_CHECKS], probe_report["device"]
-    return [judge_gpu_case(check, _gpu_child(["run", check.case], run, run.limits.case), run)
+    return [judge_gpu_case(check, gpu_child(["run", check.case], run, run.limits.case), run)
             for check in GPU_CHECKS], probe_report["device"]
 
 

@@ -237,6 +237,19 @@ def _window_mask(torch, length: int, window: int | None):
 # --- the cases ----------------------------------------------------------------------------------------------------
 # Each returns the pass rule's figures, ``prefilled`` and the time of one more call.
 
+def prefill_inputs(torch, batch: int, seqlen: int, heads_q: int, heads_kv: int, dim: int) -> tuple:
+    """q, k, v ``[batch, seqlen, heads, dim]`` for batched prefill, drawn from the seeded generator."""
+    generator = torch.Generator().manual_seed(SEED)
+    return (_uniform(torch, (batch, seqlen, heads_q, dim), generator),
+            _uniform(torch, (batch, seqlen, heads_kv, dim), generator),
+            _uniform(torch, (batch, seqlen, heads_kv, dim), generator))
+
+
+def prefill_reference(torch, q, k, v, causal: bool):
+    """fp32 attention of batched prefill inputs, causal or not."""
+    return _sdpa_reference(torch, q, k, v, _window_mask(torch, q.shape[1], q.shape[1] if causal else None))
+
+
 def fmha_v3_fwd(causal: bool, batch: int, seqlen: int) -> Callable[[], dict]:
     """Batched prefill through ``aiter.flash_attn_func``: bf16, head_dim 128, GQA 8 (16 query, 2 KV heads).
 
@@ -245,20 +258,48 @@ def fmha_v3_fwd(causal: bool, batch: int, seqlen: int) -> Callable[[], dict]:
     """
     def run() -> dict:
         torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
-        generator = torch.Generator().manual_seed(SEED)
-        heads_q, heads_kv, dim = 16, 2, 128
-        q = _uniform(torch, (batch, seqlen, heads_q, dim), generator)
-        k = _uniform(torch, (batch, seqlen, heads_kv, dim), generator)
-        v = _uniform(torch, (batch, seqlen, heads_kv, dim), generator)
-        with nan_pool(torch, (batch, seqlen, heads_q, dim)) as ranges:
+        q, k, v = prefill_inputs(torch, batch, seqlen, 16, 2, 128)
+        with nan_pool(torch, tuple(q.shape)) as ranges:
             out = aiter.flash_attn_func(q, k, v, causal=causal)
         _synchronize(torch)
         prefilled = in_nan_pool(out, ranges)
-        reference = _sdpa_reference(torch, q, k, v, _window_mask(torch, seqlen, seqlen if causal else None))
-        figures = compare(reference, out, float(v.abs().max()))
+        figures = compare(prefill_reference(torch, q, k, v, causal), out, float(v.abs().max()))
         return {**figures, "prefilled": prefilled,
                 "elapsed_ms": _timed(lambda: aiter.flash_attn_func(q, k, v, causal=causal), torch)}
     return run
+
+
+class VarlenInputs:
+    """Sequences of ``lengths`` packed along one dimension (q ``[total, heads_q, dim]``, k and v ``[total, heads_kv,
+    dim]``) and their ``cu_seqlens``, drawn from the seeded generator."""
+
+    def __init__(self, torch, lengths: list[int], heads_q: int, heads_kv: int, dim: int) -> None:
+        generator = torch.Generator().manual_seed(SEED)
+        self.lengths, total = lengths, sum(lengths)
+        self.q = _uniform(torch, (total, heads_q, dim), generator)
+        self.k = _uniform(torch, (total, heads_kv, dim), generator)
+        self.v = _uniform(torch, (total, heads_kv, dim), generator)
+        self.starts = [sum(lengths[:index]) for index in range(len(lengths))]
+        self.cu_seqlens = torch.tensor([*self.starts, total], dtype=torch.int32, device=DEVICE)
+
+    def out_shape(self) -> tuple[int, ...]:
+        return tuple(self.q.shape)
+
+    def sequences(self):
+        """Each sequence's q, k and v as ``[1, length, heads, dim]``."""
+        for start, length in zip(self.starts, self.lengths):
+            part = slice(start, start + length)
+            yield self.q[None, part], self.k[None, part], self.v[None, part]
+
+    def reference(self, torch, window: int | None):
+        """fp32 causal attention per sequence (``window``: only the last ``window`` keys), packed as q is."""
+        return torch.cat([_sdpa_reference(torch, q, k, v, _window_mask(torch, q.shape[1], window or q.shape[1]))[0]
+                          for q, k, v in self.sequences()])
+
+    def flash_attn_varlen(self, aiter, out, window: int | None):
+        return aiter.flash_attn_varlen_func(self.q, self.k, self.v, self.cu_seqlens, self.cu_seqlens,
+                                            max(self.lengths), max(self.lengths), causal=True,
+                                            window_size=(window - 1, 0) if window else (-1, -1), out=out)
 
 
 def varlen(lengths: list[int], window: int | None) -> Callable[[], dict]:
@@ -270,73 +311,73 @@ def varlen(lengths: list[int], window: int | None) -> Callable[[], dict]:
     """
     def run() -> dict:
         torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
-        generator = torch.Generator().manual_seed(SEED)
-        heads_q, heads_kv, dim = 16, 2, 128
-        total = sum(lengths)
-        q = _uniform(torch, (total, heads_q, dim), generator)
-        k = _uniform(torch, (total, heads_kv, dim), generator)
-        v = _uniform(torch, (total, heads_kv, dim), generator)
-        starts = [sum(lengths[:index]) for index in range(len(lengths))]
-        cu_seqlens = torch.tensor([*starts, total], dtype=torch.int32, device=DEVICE)
-        window_size = (window - 1, 0) if window else (-1, -1)
-
-        def call(out):
-            return aiter.flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max(lengths), max(lengths),
-                                                causal=True, window_size=window_size, out=out)
-        prefilled_out = _nan(torch, (total, heads_q, dim))
-        out = call(prefilled_out)
+        inputs = VarlenInputs(torch, lengths, heads_q=16, heads_kv=2, dim=128)
+        prefilled_out = _nan(torch, inputs.out_shape())
+        out = inputs.flash_attn_varlen(aiter, prefilled_out, window)
         _synchronize(torch)
-        pieces = []
-        for start, length in zip(starts, lengths):
-            part = slice(start, start + length)
-            pieces.append(_sdpa_reference(torch, q[None, part], k[None, part], v[None, part],
-                                          _window_mask(torch, length, window or length))[0])
-        figures = compare(torch.cat(pieces), out, float(v.abs().max()))
+        figures = compare(inputs.reference(torch, window), out, float(inputs.v.abs().max()))
         return {**figures, "prefilled": _same_memory(out, prefilled_out),
-                "elapsed_ms": _timed(lambda: call(_nan(torch, (total, heads_q, dim))), torch)}
+                "elapsed_ms": _timed(lambda: inputs.flash_attn_varlen(aiter, _nan(torch, inputs.out_shape()), window),
+                                     torch)}
     return run
 
 
-def pa_fwd_asm() -> dict:
-    """Paged decode through ``aiter.pa_fwd_asm``: bf16, block 16, GQA 8 (32 query, 4 KV heads), head_dim 128.
+class PagedInputs:
+    """A paged KV cache and its queries: bf16, ``block``-token blocks in a shuffled order, one query per sequence.
 
-    Caches in the layouts ``aiter_meta/csrc/py_itfs_cu/asm_pa.cu`` documents: K ``[blocks, kv_heads, dim/x, block,
-    x]``, V ``[blocks, kv_heads, block/x, dim, x]``, x = 16 bytes / element size.
+    ``k_cache`` and ``v_cache`` are in the layouts ``aiter_meta/csrc/py_itfs_cu/asm_pa.cu`` documents for
+    ``pa_fwd_asm``: K ``[blocks, kv_heads, dim/x, block, x]``, V ``[blocks, kv_heads, block/x, dim, x]``, x = 16 bytes
+    / element size; ``keys`` and ``values`` are the same data as ``[blocks, kv_heads, block, dim]``.
     """
-    torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
-    generator = torch.Generator().manual_seed(SEED)
-    heads_q, heads_kv, dim, block = 32, 4, 128, 16
-    x = 16 // torch.empty((), dtype=torch.bfloat16).element_size()
-    context = [16, 57, 129, 257, 500, 1024, 33, 700]  # partial and full last blocks, one to many blocks
-    blocks_per_seq = max(-(-length // block) for length in context)
-    num_blocks = len(context) * blocks_per_seq
-    query = _uniform(torch, (len(context), heads_q, dim), generator)
-    keys = _uniform(torch, (num_blocks, heads_kv, block, dim), generator)
-    values = _uniform(torch, (num_blocks, heads_kv, block, dim), generator)
-    k_cache = keys.view(num_blocks, heads_kv, block, dim // x, x).permute(0, 1, 3, 2, 4).contiguous()
-    v_cache = values.view(num_blocks, heads_kv, block // x, x, dim).permute(0, 1, 2, 4, 3).contiguous()
-    order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(SEED)).to(torch.int32)
-    block_tables = order.view(len(context), blocks_per_seq).to(DEVICE)
-    context_lens = torch.tensor(context, dtype=torch.int32, device=DEVICE)
 
-    def call(out):
-        return aiter.pa_fwd_asm(query, k_cache, v_cache, block_tables, context_lens, block_tables.stride(0),
-                                out_=out)
-    prefilled_out = _nan(torch, (len(context), heads_q, dim))
-    out = call(prefilled_out)
+    def __init__(self, torch, context: list[int], heads_q: int, heads_kv: int, dim: int, block: int) -> None:
+        generator = torch.Generator().manual_seed(SEED)
+        x = 16 // torch.empty((), dtype=torch.bfloat16).element_size()
+        self.context, self.heads_q, self.heads_kv, self.dim, self.block = context, heads_q, heads_kv, dim, block
+        blocks_per_seq = max(-(-length // block) for length in context)
+        num_blocks = len(context) * blocks_per_seq
+        self.query = _uniform(torch, (len(context), heads_q, dim), generator)
+        self.keys = _uniform(torch, (num_blocks, heads_kv, block, dim), generator)
+        self.values = _uniform(torch, (num_blocks, heads_kv, block, dim), generator)
+        self.k_cache = self.keys.view(num_blocks, heads_kv, block, dim // x, x).permute(0, 1, 3, 2, 4).contiguous()
+        self.v_cache = self.values.view(num_blocks, heads_kv, block // x, x, dim).permute(0, 1, 2, 4, 3).contiguous()
+        order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(SEED)).to(torch.int32)
+        self.block_tables = order.view(len(context), blocks_per_seq).to(DEVICE)
+        self.context_lens = torch.tensor(context, dtype=torch.int32, device=DEVICE)
+
+    def out_shape(self) -> tuple[int, int, int]:
+        return len(self.context), self.heads_q, self.dim
+
+    def reference(self, torch):
+        """fp32 decode attention over each sequence's blocks."""
+        reference = torch.empty(*self.out_shape(), dtype=torch.float32, device=DEVICE)
+        group, dim = self.heads_q // self.heads_kv, self.dim
+        for seq, length in enumerate(self.context):
+            table = self.block_tables[seq].long()
+            seq_keys = self.keys[table].permute(1, 0, 2, 3).reshape(self.heads_kv, -1, dim)[:, :length].float()
+            seq_values = self.values[table].permute(1, 0, 2, 3).reshape(self.heads_kv, -1, dim)[:, :length].float()
+            seq_keys = seq_keys.repeat_interleave(group, dim=0)
+            seq_values = seq_values.repeat_interleave(group, dim=0)
+            scores = torch.einsum("hd,hld->hl", self.query[seq].float(), seq_keys) / math.sqrt(dim)
+            reference[seq] = torch.einsum("hl,hld->hd", scores.softmax(dim=-1), seq_values)
+        return reference
+
+    def pa_fwd_asm(self, aiter, out):
+        return aiter.pa_fwd_asm(self.query, self.k_cache, self.v_cache, self.block_tables, self.context_lens,
+                                self.block_tables.stride(0), out_=out)
+
+
+def pa_fwd_asm() -> dict:
+    """Paged decode through ``aiter.pa_fwd_asm``: bf16, block 16, GQA 8 (32 query, 4 KV heads), head_dim 128."""
+    torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
+    # partial and full last blocks, one to many blocks
+    inputs = PagedInputs(torch, [16, 57, 129, 257, 500, 1024, 33, 700], heads_q=32, heads_kv=4, dim=128, block=16)
+    prefilled_out = _nan(torch, inputs.out_shape())
+    out = inputs.pa_fwd_asm(aiter, prefilled_out)
     _synchronize(torch)
-    reference = torch.empty(len(context), heads_q, dim, dtype=torch.float32, device=DEVICE)
-    for seq, length in enumerate(context):
-        table = block_tables[seq].long()
-        seq_keys = keys[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].float()
-        seq_values = values[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].float()
-        seq_keys = seq_keys.repeat_interleave(heads_q // heads_kv, dim=0)
-        seq_values = seq_values.repeat_interleave(heads_q // heads_kv, dim=0)
-        scores = torch.einsum("hd,hld->hl", query[seq].float(), seq_keys) / math.sqrt(dim)
-        reference[seq] = torch.einsum("hl,hld->hd", scores.softmax(dim=-1), seq_values)
-    figures = compare(reference, out, float(values.abs().max()))
+    figures = compare(inputs.reference(torch), out, float(inputs.values.abs().max()))
     return {**figures, "prefilled": _same_memory(out, prefilled_out),
-            "elapsed_ms": _timed(lambda: call(_nan(torch, (len(context), heads_q, dim))), torch)}
+            "elapsed_ms": _timed(lambda: inputs.pa_fwd_asm(aiter, _nan(torch, inputs.out_shape())), torch)}
 
 
 # Case name -> the function computing it. cdna2.host.smoke names the checks and judges the results.

@@ -14,13 +14,19 @@ fp32 scores and accumulation, softmax weights rounded to bf16 before they multip
 ``{"faults": {"<entry>:<causal|full>:<seqlen_q>": FAULT}}`` (``pa_fwd_asm:full:1`` for the decode call), FAULT
 being ``zero_rows`` (rows 256-511 of head 0 of the first sequence zeroed), ``drop_last_keys`` (the last 64 keys of
 every sequence ignored), ``five_percent`` (every output 5% off), ``fallback`` (correct, but no load line: a
-fallback computed it) or ``hang`` (in a ``smoke_gpu run`` process: take a JIT lock, start a "compiler"
-grandchild, never return).
+fallback computed it), ``hang`` (in a ``smoke_gpu run`` or ``bench_gpu run`` process: take a JIT lock, start a
+"compiler" grandchild, never return), ``crash`` (in such a process: die with SIGSEGV, as a bad code object does) or
+``slow`` (correct, but every call takes SLOW_MS longer: a throttled or degraded GPU). ``paged_attention_rocm``
+(AITER's HIP decode kernel, the benchmarks' decode fallback) takes the same faults under
+``paged_attention_rocm:full:1``. ``gemm_a8w8_CK`` (CK INT8 GEMM) logs AITER's JIT import line for
+``module_gemm_a8w8`` on stderr once per process, as ``aiter/jit/core.py`` does, and takes them under
+``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line).
 """
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +40,7 @@ os.environ["AITER_ASM_DIR"] = AITER_ASM_DIR
 JIT_BUILD_DIR = os.path.join(_HERE, "jit", "build")
 _BEHAVIOUR = json.loads(os.environ.get("CDNA2_AITER_DOUBLE", "{}"))
 _LOADED = set()
+SLOW_MS = 300
 
 
 def _load(code_object, symbol, fault):
@@ -44,8 +51,13 @@ def _load(code_object, symbol, fault):
 
 
 def _hang_if_asked(fault):
-    if fault != "hang" or sys.argv[1:2] != ["run"]:
+    """The faults that act before the call computes anything: ``hang``, ``crash``, ``slow``."""
+    if fault == "slow":
+        torch.cuda._sleep(int(SLOW_MS * 1e6))  # a kernel that keeps the device busy SLOW_MS longer
+    if fault not in ("hang", "crash") or sys.argv[1:2] != ["run"]:
         return
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
     os.makedirs(JIT_BUILD_DIR, exist_ok=True)
     os.open(os.path.join(JIT_BUILD_DIR, "lock_module_fmha_v3_fwd"), os.O_CREAT | os.O_EXCL)  # held, never released
     subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])  # the build's compiler
@@ -142,4 +154,36 @@ def pa_fwd_asm(Q, K, V, block_tables, context_lens, block_tables_stride0, max_ql
         seq_keys = keys[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
         seq_values = values[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
         out[seq] = _attention(Q[seq][None], seq_keys, seq_values, False, None, dim ** -0.5, None)[0]
+    return out
+
+
+def paged_attention_rocm(out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache, num_kv_heads, scale,
+                         block_tables, context_lens, block_size, max_context_len, alibi_slopes, kv_cache_dtype,
+                         k_scale, v_scale, fp8_out_scale=None, partition_size=256, mtp=1, q_scale=None):
+    """AITER's HIP decode kernel (no code object, no load line): K ``[blocks, kv, dim/x, block, x]`` as for
+    ``pa_fwd_asm``, V in vLLM's layout ``[blocks, kv, dim, block]``; writes ``out``."""
+    fault = _fault("paged_attention_rocm", False, 1)
+    _hang_if_asked(fault)
+    blocks, heads_kv, _, block, x = key_cache.shape
+    dim = query.shape[-1]
+    keys = key_cache.permute(0, 1, 3, 2, 4).reshape(blocks, heads_kv, block, dim)
+    values = value_cache.permute(0, 1, 3, 2)  # to [blocks, kv, block, dim]
+    for seq, length in enumerate(context_lens.tolist()):
+        table = block_tables[seq].long()
+        seq_keys = keys[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
+        seq_values = values[table].permute(1, 0, 2, 3).reshape(heads_kv, -1, dim)[:, :length].transpose(0, 1)
+        out[seq] = _attention(query[seq][None], seq_keys, seq_values, False, None, scale, fault)[0]
+    return out
+
+
+def gemm_a8w8_CK(XQ, WQ, x_scale, w_scale, bias=None, dtype=torch.bfloat16, splitK=None):
+    """CK INT8 GEMM: exact integer products, then the scales, one rounding to ``dtype``; AITER allocates Y."""
+    fault = _fault("gemm_a8w8_CK", False, XQ.shape[0])
+    _hang_if_asked(fault)
+    if fault != "fallback" and "module_gemm_a8w8" not in _LOADED:
+        _LOADED.add("module_gemm_a8w8")
+        os.write(2, f"[aiter] import [module_gemm_a8w8] under {_HERE}/jit/module_gemm_a8w8.so\n".encode())
+    out = torch.empty(XQ.shape[0], WQ.shape[0], dtype=dtype)
+    exact = (XQ.double() @ WQ.double().T) * x_scale.double() * w_scale.double()
+    out.copy_(exact * (1.05 if fault == "five_percent" else 1.0))
     return out

@@ -12,6 +12,15 @@ until torch is imported; then:
   runtime or driver); ``hang``: asking for them never returns (a wedged driver);
 - ``none``: a ROCm build that sees no GPU (``/dev/kfd`` not accessible, ``HIP_VISIBLE_DEVICES`` empty).
 
+Device timing (the benchmarks): ``torch.cuda.Event(enable_timing=True)`` records the CPU time of the thread that
+issues the calls (``time.thread_time``), and with ``synchronize`` returning at once the time between two events is
+what the calls between them cost this process's thread: the device is this process's alone, so what other
+processes take of a loaded machine does not count, as it would not on a GPU. torch runs on that one thread
+(``set_num_threads(1)``): its worker threads would do work off that clock, and the waiting thread spin on it. ``torch.cuda._sleep(cycles)`` keeps
+the "device" busy for that many cycles at 1 GHz (a busy loop on the same clock; real torch spins the GPU), and
+``CDNA2_DEVICE_DOUBLE_SDPA_MS`` adds that many milliseconds of it to every ``scaled_dot_product_attention`` call
+(the speed of the device's SDPA, the prefill benchmarks' fallback).
+
 Not modelled: the device's own arithmetic (everything computes on the CPU), streams, real memory limits.
 """
 
@@ -66,6 +75,40 @@ def _install(torch):
     torch.cuda.device_count = lambda: 1
     torch.cuda.get_device_properties = properties
     torch.cuda.synchronize = lambda device=None: None
+
+    class Event:
+        """A device event on the issuing thread's CPU clock (every call here is synchronous)."""
+
+        def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+            self.at = None
+
+        def record(self, stream=None):
+            self.at = time.thread_time()
+
+        def synchronize(self):
+            return None
+
+        def elapsed_time(self, end):
+            return (end.at - self.at) * 1000.0
+
+    def busy(cycles):
+        """The device busy for ``cycles`` at 1 GHz, on the events' clock."""
+        until = time.thread_time() + cycles / 1e9
+        while time.thread_time() < until:
+            pass
+
+    torch.set_num_threads(1)
+    torch.cuda.Event = Event
+    torch.cuda._sleep = busy
+    sdpa_ms = float(os.environ.get("CDNA2_DEVICE_DOUBLE_SDPA_MS") or 0)
+    if sdpa_ms:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+
+        def slowed_sdpa(*args, **kwargs):
+            busy(int(sdpa_ms * 1e6))
+            return sdpa(*args, **kwargs)
+
+        torch.nn.functional.scaled_dot_product_attention = slowed_sdpa
     pool = _CachingPool()
     allocators = {torch.empty, torch.empty_like, torch.full}
 
