@@ -43,9 +43,8 @@ class SimulatedCrash(BaseException):
     """Stands in for the process dying: BaseException, so nothing in txn catches it."""
 
 
-@pytest.mark.parametrize("renames_before_crash", [0, 1, 2])
-def test_crash_after_k_renames_is_completed_by_recover(tmp_path, monkeypatch, renames_before_crash):
-    manifest, root, backup = make_manifest(tmp_path)
+def apply_crashing_after(monkeypatch, manifest: dict, renames_before_crash: int) -> None:
+    """``txn.apply(manifest)`` as if the host died after that many renames, the journal written."""
     real_rename, done = txn._rename, []
 
     def crashing_rename(source, target):
@@ -57,10 +56,16 @@ def test_crash_after_k_renames_is_completed_by_recover(tmp_path, monkeypatch, re
     monkeypatch.setattr(txn, "_rename", crashing_rename)
     with pytest.raises(SimulatedCrash):
         txn.apply(manifest)
+    monkeypatch.setattr(txn, "_rename", real_rename)
+
+
+@pytest.mark.parametrize("renames_before_crash", [0, 1, 2])
+def test_crash_after_k_renames_is_completed_by_recover(tmp_path, monkeypatch, renames_before_crash):
+    manifest, root, backup = make_manifest(tmp_path)
+    apply_crashing_after(monkeypatch, manifest, renames_before_crash)
     assert (backup / "journal.json").exists()
     k = renames_before_crash
     assert contents(root) == [f"new {i}\n" for i in range(k)] + [f"old {i}\n" for i in range(k, 3)]
-    monkeypatch.setattr(txn, "_rename", real_rename)
     result = txn.recover(backup)
     assert result["recovered"] == "apply"
     assert contents(root) == ["new 0\n", "new 1\n", "new 2\n"]
@@ -74,18 +79,7 @@ def test_the_next_plan_after_a_crash_between_renames_applies(tmp_path, monkeypat
     unpatched. Its apply recovers the journal first (which patches those two as well), sees that the backups record
     exactly this change for them, and completes instead of refusing them as changed since the probe."""
     manifest, root, backup = make_manifest(tmp_path)
-    real_rename, done = txn._rename, []
-
-    def crashing_rename(source, target):
-        if done:
-            raise SimulatedCrash()
-        done.append(target)
-        real_rename(source, target)
-
-    monkeypatch.setattr(txn, "_rename", crashing_rename)
-    with pytest.raises(SimulatedCrash):
-        txn.apply(manifest)
-    monkeypatch.setattr(txn, "_rename", real_rename)
+    apply_crashing_after(monkeypatch, manifest, 1)
     assert contents(root) == ["new 0\n", "old 1\n", "old 2\n"]
     replanned, _, _ = make_manifest(tmp_path / "next")  # the same plan for the files still unpatched
     replanned.update(root=str(root), backup_dir=str(backup))
