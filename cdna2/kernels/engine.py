@@ -53,7 +53,8 @@ from typing import Callable, Iterator
 from cdna2.cache import code_digest
 from cdna2.host.probe import regular_files, tree_digest
 from cdna2.host import elf, manifest
-from cdna2.kernels import edits, hazards, isa, judge, llvm, reassemble, relocation_proof, split
+from cdna2.kernels import (edits, hazard_instructions, hazard_paths, hazard_report, hazard_rules, hazards,
+                          isa, judge, llvm, reassemble, relocation_proof, split)
 from cdna2.kernels.relocation_proof import Expected
 
 # Bump whenever the bytes written for the same input may change (rename table, patching, manifest rules).
@@ -532,16 +533,16 @@ def _hazard_summary(kernels: dict[str, dict], policy: str | None) -> dict:
     audited = {relpath: entry["hazards"] for relpath, entry in kernels.items() if "hazards" in entry}
     verdicts = Counter(audit["verdict"] for audit in audited.values())
     return {
-        "target": "gfx90a", "audit_version": hazards.AUDIT_VERSION, "policy": policy,
-        "verdicts": {verdict: verdicts.get(verdict, 0) for verdict in hazards.VERDICTS},
+        "target": "gfx90a", "audit_version": hazard_rules.AUDIT_VERSION, "policy": policy,
+        "verdicts": {verdict: verdicts.get(verdict, 0) for verdict in hazard_rules.VERDICTS},
         "short_kernels": {verdict: sorted(r for r, a in audited.items() if a["verdict"] == verdict)
-                          for verdict in hazards.VERDICTS if verdict != hazards.CLEAN},
+                          for verdict in hazard_rules.VERDICTS if verdict != hazard_rules.CLEAN},
         "withheld": sorted(relpath for relpath, entry in kernels.items() if entry["status"] == "withheld"),
     }
 
 
 def _withheld_reason(audit: dict, policy: str) -> str:
-    if audit["verdict"] == hazards.UNAUDITED:
+    if audit["verdict"] == hazard_rules.UNAUDITED:
         found = f"{len(audit['unparsed'])} unparsed lines, {len(audit['unresolved_branches'])} unresolved branches"
     else:
         worst = audit["worst"]
@@ -555,27 +556,27 @@ def _limitations(policy: str | None, kernels: dict[str, dict]) -> list[str]:
     """LIMITATIONS, what the audit measured on this tree (before any padding), and, under the permissive policy, what
     that installed."""
     audits = [entry.get("hazards_before_edits", entry["hazards"]) for entry in kernels.values() if "hazards" in entry]
-    by_verdict = {verdict: [audit for audit in audits if audit["verdict"] == verdict] for verdict in hazards.VERDICTS}
+    by_verdict = {verdict: [audit for audit in audits if audit["verdict"] == verdict] for verdict in hazard_rules.VERDICTS}
 
     def most(verdict: str) -> int:
         return max((audit["worst"]["needed"] - audit["worst"]["present"] for audit in by_verdict[verdict]), default=0)
 
-    straight = by_verdict[hazards.SHORT_STRAIGHT]
+    straight = by_verdict[hazard_rules.SHORT_STRAIGHT]
     edges = sum(audit["short_edges"]["straight-line"] for audit in straight)
     waits = sum(audit["straight_line_passing_wait"] for audit in straight)
     texts = [*LIMITATIONS, (
         f"Measured on this tree: of {len(audits)} portable kernels, {len(straight)} are short of gfx90a's MFMA "
-        f"wait states in straight-line code (by up to {most(hazards.SHORT_STRAIGHT)}; {waits} of their {edges} "
+        f"wait states in straight-line code (by up to {most(hazard_rules.SHORT_STRAIGHT)}; {waits} of their {edges} "
         f"short straight-line edges pass an s_waitcnt or s_barrier), "
-        f"{len(by_verdict[hazards.SHORT_BRANCHES])} only on paths across a branch (by up to "
-        f"{most(hazards.SHORT_BRANCHES)}), {len(by_verdict[hazards.UNAUDITED])} could not be audited, "
-        f"{len(by_verdict[hazards.CLEAN])} are clean.")]
+        f"{len(by_verdict[hazard_rules.SHORT_BRANCHES])} only on paths across a branch (by up to "
+        f"{most(hazard_rules.SHORT_BRANCHES)}), {len(by_verdict[hazard_rules.UNAUDITED])} could not be audited, "
+        f"{len(by_verdict[hazard_rules.CLEAN])} are clean.")]
     if any(entry.get("split_mfmas") for entry in kernels.values()):
         texts.append("int8_k32_split: each split MFMA runs two gfx90a MFMAs (4x the gfx942 cycles); the split is "
                      "exact on an emulator of AMD's operand layouts, not yet measured on an MI210")
     if policy == "permissive":
         texts.append(f"kernel_hazard_policy permissive: every portable kernel is installed, "
-                     f"{len(by_verdict[hazards.SHORT_STRAIGHT])} of them short of gfx90a's MFMA wait states in "
+                     f"{len(by_verdict[hazard_rules.SHORT_STRAIGHT])} of them short of gfx90a's MFMA wait states in "
                      "straight-line code")
     return texts
 
@@ -593,7 +594,7 @@ def classify_tree(src: Path, *, jobs: int | None = None, progress: Progress | No
     kernels = {relpath: _kernel_entry(analysis, relpath) for relpath in kernel_paths}
     for entry in kernels.values():  # what translate does with it under the default policy (refusals show only there)
         if entry["status"] == "portable":
-            short = entry["hazards"]["verdict"] in (hazards.SHORT_STRAIGHT, hazards.SHORT_BRANCHES)
+            short = entry["hazards"]["verdict"] in (hazard_rules.SHORT_STRAIGHT, hazard_rules.SHORT_BRANCHES)
             entry["translation"] = "padded" if short else "in place"
         elif entry.get("unlocked_by") == "int8_k32_split":
             entry["translation"] = "split, with int8_k32_split"
@@ -643,7 +644,7 @@ def _check_postcondition(staging: Path, manifests: dict[str, dict], dst: Path) -
 class Policy:
     """What the translator may do beyond re-encoding in place, and which kernels it installs (host data
     `kernel_hazard_policy`, `pad_mfma_hazards`, `int8_k32_split`)."""
-    hazards: str = hazards.DEFAULT_POLICY  # which audit verdicts are installed: hazards.POLICIES
+    hazards: str = hazard_rules.DEFAULT_POLICY  # which audit verdicts are installed: hazard_rules.POLICIES
     # Pad every short MFMA edge the audit finds with exactly the missing wait states (s_nop before the consumer),
     # so the kernel is clean under LLVM's gfx90a rules; the policy then judges the padded kernel.
     pad_mfma_hazards: bool = True
@@ -667,7 +668,7 @@ class Policy:
         """The whole policy as the deployed record keeps it (`kernel_hazards`), with the version of the MFMA
         wait-state audit that judged the tree (this tool's when None); verify compares it with the record a deploy
         would write now."""
-        return {"policy": self.hazards, "audit_version": audit_version or hazards.AUDIT_VERSION,
+        return {"policy": self.hazards, "audit_version": audit_version or hazard_rules.AUDIT_VERSION,
                 "pad_mfma_hazards": self.pad_mfma_hazards, "int8_k32_split": self.int8_k32_split}
 
     @staticmethod
@@ -686,7 +687,8 @@ class Policy:
 
 @lru_cache(maxsize=1)
 def _engine_code_digest() -> str:
-    return code_digest((sys.modules[__name__], edits, hazards, isa, judge, llvm, split, reassemble, relocation_proof,
+    return code_digest((sys.modules[__name__], edits, hazards, hazard_rules, hazard_instructions, hazard_paths,
+                        hazard_report, isa, judge, llvm, split, reassemble, relocation_proof,
                         elf, manifest))
 
 
@@ -696,7 +698,7 @@ def cache_key(src_digest: str, tools: llvm.LlvmTools, policy: Policy = Policy(),
     the policy and the padding asked for."""
     asked = json.dumps({"policy": asdict(policy), "pads": {r: [asdict(p) for p in v] for r, v in (pads or {}).items()}},
                        sort_keys=True)
-    parts = (src_digest, TRANSLATOR_VERSION, tools.banner, hazards.AUDIT_VERSION, asked, _engine_code_digest())
+    parts = (src_digest, TRANSLATOR_VERSION, tools.banner, hazard_rules.AUDIT_VERSION, asked, _engine_code_digest())
     return hashlib.sha256("".join(f"{part}\n" for part in parts).encode()).hexdigest()
 
 
@@ -757,10 +759,10 @@ def _store_in_cache(entry: Path, staging: Path, report: dict) -> None:
 def _route(relpath: str, audit: dict, policy: Policy, pads: dict[str, list[edits.Pad]]) -> str:
     """What becomes of a portable kernel once audited: re-assembled (`move`: padded, or pads asked for), patched
     `in place`, or `withheld` by the hazard policy."""
-    if relpath in pads or (policy.pad_mfma_hazards and audit["verdict"] in (hazards.SHORT_STRAIGHT,
-                                                                           hazards.SHORT_BRANCHES)):
+    if relpath in pads or (policy.pad_mfma_hazards and audit["verdict"] in (hazard_rules.SHORT_STRAIGHT,
+                                                                           hazard_rules.SHORT_BRANCHES)):
         return "move"
-    return "in place" if hazards.installs(policy.hazards, audit["verdict"]) else "withheld"
+    return "in place" if hazard_rules.installs(policy.hazards, audit["verdict"]) else "withheld"
 
 
 def _kernels_the_split_unlocks(analysis: Analysis) -> list[str]:
@@ -851,15 +853,15 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
                    pads: dict[str, list[edits.Pad]] | None = None) -> dict:
     """Build the gfx90a tree DST from the gfx942 tree SRC atomically; returns the JSON-able report.
 
-    `policy` says which kernels are installed from their MFMA wait-state verdicts (cdna2.kernels.hazards.POLICIES),
+    `policy` says which kernels are installed from their MFMA wait-state verdicts (cdna2.kernels.hazard_rules.POLICIES),
     whether short MFMA edges are padded and whether int8 K=32 kernels are split; `pads` asks, per kernel, for more
     wait states before given consumers. Kernels with edits are re-assembled instead of patched in place."""
     started = time.monotonic()
     progress = progress or (lambda message: None)
     src, dst = Path(src), Path(dst)
-    if policy.hazards not in hazards.POLICIES:
+    if policy.hazards not in hazard_rules.POLICIES:
         raise TranslationError(f"unknown kernel hazard policy {policy.hazards!r}: use one of "
-                               f"{', '.join(hazards.POLICIES)}")
+                               f"{', '.join(hazard_rules.POLICIES)}")
     _check_source(src)
     jobs = jobs or os.cpu_count() or 1
     with ThreadPoolExecutor(1) as hashing:  # reading and hashing release the GIL while LLVM's probes run
@@ -904,7 +906,7 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
                 kernels[relpath].update(status="written", code="in place", patched_instructions=patched)
         for relpath, outcome in moved.items():
             kernels[relpath].update(_moved_entry(outcome, kernels[relpath].get("hazards")))
-            if outcome.outcome == "written" and not hazards.installs(policy.hazards, outcome.audit["verdict"]):
+            if outcome.outcome == "written" and not hazard_rules.installs(policy.hazards, outcome.audit["verdict"]):
                 (staging / relpath).unlink()
                 kernels[relpath].update(status="withheld", reason=_withheld_reason(outcome.audit, policy.hazards))
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from cdna2.host import manifest
-from cdna2.kernels import Policy, engine, hazards, llvm, translate_tree
+from cdna2.kernels import Policy, engine, hazard_rules, hazards, llvm, translate_tree
 
 # Measured with LLVM 22.1.8, audit version 1 (docs: mfma-hazards.md section 4).
 STRAIGHT_LINE_SHORT = sorted(
@@ -119,7 +119,7 @@ def test_default_translation_pads_every_short_kernel_and_a_fresh_audit_finds_no_
     listings = llvm.objdump_lines(llvm_tools, files, "gfx90a")
     short = {path.name: len(audit.short_edges) for path in files
              if (audit := hazards.audit_listing(hazards.listing_from_objdump(listings[str(path)]))).short_edges
-             or audit.verdict != hazards.CLEAN}
+             or audit.verdict != hazard_rules.CLEAN}
     assert short == {}
     csvs = [path.relative_to(dst).as_posix() for path in dst.rglob("*.csv")]
     assert not any(manifest.dangling_rows(dst, csv) for csv in csvs)
