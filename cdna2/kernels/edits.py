@@ -253,8 +253,8 @@ def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch
 
 def prove_staged(staged: list[Staged], listings: dict[str, list[str]]) -> list[Moved]:
     """Each staged kernel proven against its plan (relocation_proof.prove) from its llvm-objdump listing; a kernel
-    that fails is removed from staging. (That it says gfx90a is checked for the whole tree at once: the engine's
-    _check_targets.)"""
+    that fails is removed from staging. (That it says gfx90a is checked for the whole tree at once: write_and_prove.
+    check_targets.)"""
     out = []
     for kernel in staged:
         target, moved = kernel.target, kernel.moved

@@ -10,7 +10,7 @@ import pytest
 from cdna2.drift import find_drift
 from cdna2.host import elf
 from cdna2.hostdata import problems_for, schema
-from cdna2.kernels import Policy, TranslationError, edits, engine, hazard_rules, isa, translate_tree
+from cdna2.kernels import Policy, TranslationError, edits, engine, hazard_rules, isa, translate_tree, workers
 from cdna2.plan import deployed_record
 from cdna2.translated import TranslatedTree
 from tests.unit.kernels.conftest import BF16_MFMA
@@ -95,8 +95,8 @@ def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
     assert drift == ("kernel_hazard_policy: recorded default, host data strict: run the deploy to install the tree "
                      "these give")
     (drift,) = find_drift(provisioned_probe(deployed), {}, Policy().record(audit_version="0"))
-    assert drift == (f"MFMA wait-state audit version: recorded {hazard_rules.AUDIT_VERSION}, this tool 0: run the deploy "
-                     "to install the tree these give")
+    assert drift == (f"MFMA wait-state audit version: recorded {hazard_rules.AUDIT_VERSION}, this tool 0: run the "
+                     "deploy to install the tree these give")
     older = deployed_record({"distributions": {}}, [], "d" * 64, {})
     (drift,) = find_drift(provisioned_probe(older), {}, made)
     assert drift.startswith("kernels made under a deploy without the MFMA wait-state audit")
@@ -164,7 +164,7 @@ def test_padding_makes_every_short_kernel_clean_so_every_policy_installs_it(verd
 
 def test_padding_started_from_the_engines_audit_plans_what_auditing_the_kernel_again_plans(verdict_tree, llvm_tools):
     kernels = ["fam/branch.co", "fam/clean.co", "fam/straight.co"]
-    with engine._pool(1) as pool:
+    with workers.pool(1) as pool:
         analysis = engine._analyse(verdict_tree, kernels, llvm_tools, 1, pool, lambda message: None)
     assert set(analysis.shortfalls) == {"fam/branch.co", "fam/straight.co"}, "only short kernels have shortfalls"
     for relpath in analysis.shortfalls:
