@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Callable
 
 from cdna2.host.state import write_file_atomically
-from cdna2.kernels.engine import Policy, TranslationError, classify_tree, translate_tree
-from cdna2.kernels.hazards import DEFAULT_POLICY, POLICIES
+from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
+from cdna2.kernels.hazard_rules import DEFAULT_POLICY, POLICIES
 from cdna2.kernels.isa import BUCKET_NAMES
 from cdna2.kernels.llvm import LlvmNotFoundError, LlvmOutputError
+from cdna2.kernels.policy import Policy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

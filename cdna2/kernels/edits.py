@@ -16,7 +16,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from cdna2.host import elf
-from cdna2.kernels import hazards, isa, llvm, reassemble
+from cdna2.kernels import hazard_instructions, hazard_report, hazard_rules, hazards, isa, llvm, reassemble
 from cdna2.kernels.relocation_proof import Expected, prove
 
 MAX_NOP_WAIT_STATES = 8  # one s_nop N waits N+1 states; LLVM emits at most s_nop 7 (SIInstrInfo::insertNoops)
@@ -49,7 +49,7 @@ class Moved:
     nops_in_loops: int = 0
     wait_states_in_loops: int = 0  # of those nops: what one iteration of the enclosing loops now waits more
     text_growth: int = 0  # bytes
-    audit: dict | None = None  # the hazard audit of the written file (hazards.KernelAudit.to_json)
+    audit: dict | None = None  # the hazard audit of the written file (hazard_report.KernelAudit.to_json)
 
 
 MAX_PADDING_ROUNDS = 4  # a pad lengthens other edges, never shortens one: one round settles all but rare cases
@@ -127,15 +127,15 @@ class _Kernel:
             owner[index:index + 1] = [index] * len(spliced[index])
         return listing, owner
 
-    def audit(self) -> tuple[hazards.KernelAudit, list[tuple[int, int, str]], list[int]]:
+    def audit(self) -> tuple[hazard_report.KernelAudit, list[tuple[int, int, str]], list[int]]:
         """The hazard audit of the planned listing (and the listing, and each line's original instruction)."""
         listing, owner = self.layout()
         try:
             return hazards.audit_listing(listing), listing, owner
-        except hazards.UnparsedError as error:
+        except hazard_instructions.UnparsedError as error:
             raise reassemble.ReassemblyError(f"the hazard audit of the planned listing did not finish: {error}")
 
-    def pad_short_edges(self, shortfalls: dict[int, int] | None = None) -> hazards.KernelAudit:
+    def pad_short_edges(self, shortfalls: dict[int, int] | None = None) -> hazard_report.KernelAudit:
         """Insert before each consumer of a short MFMA edge the wait states missing on the planned listing (the
         largest shortfall among its edges, on every path class), until the audit finds none; returns that audit.
         `shortfalls` (KernelAudit.shortfalls by .text offset) is the engine's audit of the unedited kernel: when
@@ -147,7 +147,7 @@ class _Kernel:
             rounds -= 1
         for _ in range(rounds):
             audit, listing, owner = self.audit()
-            if audit.verdict == hazards.UNAUDITED:
+            if audit.verdict == hazard_rules.UNAUDITED:
                 found = audit.to_json()
                 raise reassemble.ReassemblyError("the hazard audit cannot read the planned listing, so it cannot be "
                                                  f"padded: {(found['unparsed'] + found['unresolved_branches'])[:1]}")
@@ -196,7 +196,7 @@ class Staged:
     data: bytes
     original: bytes
     groups: list[list[Expected | int]]
-    audit: hazards.KernelAudit
+    audit: hazard_report.KernelAudit
 
 
 def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch: MoveBatch
@@ -253,8 +253,8 @@ def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch
 
 def prove_staged(staged: list[Staged], listings: dict[str, list[str]]) -> list[Moved]:
     """Each staged kernel proven against its plan (relocation_proof.prove) from its llvm-objdump listing; a kernel
-    that fails is removed from staging. (That it says gfx90a is checked for the whole tree at once: the engine's
-    _check_targets.)"""
+    that fails is removed from staging. (That it says gfx90a is checked for the whole tree at once: write_and_prove.
+    check_targets.)"""
     out = []
     for kernel in staged:
         target, moved = kernel.target, kernel.moved

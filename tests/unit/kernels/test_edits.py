@@ -11,8 +11,7 @@ import pytest
 
 from cdna2.__main__ import main as cdna2_main
 from cdna2.host import elf
-from cdna2.kernels import edits, engine, isa, llvm, translate_tree
-from cdna2.kernels.engine import Policy
+from cdna2.kernels import Policy, edits, engine, isa, llvm, translate_tree, workers, write_and_prove
 from cdna2.kernels.relocation_proof import Expected, prove
 from cdna2.translated import ensure_translation
 
@@ -209,7 +208,7 @@ def test_a_written_kernel_that_does_not_say_gfx90a_is_an_error_and_not_left(kern
         struct.pack_into("<I", data, elf.E_FLAGS_OFFSET, (flags & ~elf.MACH_MASK) | elf.MACH_GFX942)
 
     monkeypatch.setattr(elf, "retarget_to_gfx90a", retarget_leaving_header_gfx942)
-    monkeypatch.setattr(engine, "_pool", ThreadPoolExecutor)  # workers in this process, where the patch holds
+    monkeypatch.setattr(workers, "pool", ThreadPoolExecutor)  # workers in this process, where the patch holds
     pads = {"loop.co": [edits.Pad(consumer=4, wait_states=1)]} if kernel == "padded" else {}
     report = translate_tree(src, tmp_path / "dst", jobs=1, pads=pads)
     entry = report["kernels"]["loop.co"]
@@ -227,7 +226,7 @@ def test_every_written_kernel_is_checked_to_say_gfx90a_by_one_readelf_run_a_work
     runs = []
     run = llvm.run
     monkeypatch.setattr(llvm, "run", lambda argv, *rest: runs.append(argv[0].rsplit("/", 1)[-1]) or run(argv, *rest))
-    monkeypatch.setattr(engine, "_pool", ThreadPoolExecutor)  # workers in this process, where the count holds
+    monkeypatch.setattr(workers, "pool", ThreadPoolExecutor)  # workers in this process, where the count holds
     report = translate_tree(src, tmp_path / "dst", jobs=1, pads={"loop.co": [edits.Pad(consumer=4, wait_states=1)]})
     assert {relpath: entry["status"] for relpath, entry in report["kernels"].items()} == {
         "a.co": "written", "b.co": "written", "loop.co": "written"}
@@ -254,8 +253,8 @@ def test_one_write_task_proves_both_kinds_from_one_objdump_run(build_code_object
     run = llvm.run
     monkeypatch.setattr(llvm, "run", lambda argv, *rest: runs.append(argv[0].rsplit("/", 1)[-1]) or run(argv, *rest))
     staging.mkdir()
-    in_place, moved = engine._write_batch(llvm_tools, str(src), str(staging), ["plain.co"], expected, moves)
-    assert runs == ["llvm-objdump"]  # the target check comes once all are written (engine._check_targets)
+    in_place, moved = write_and_prove.write_batch(llvm_tools, str(src), str(staging), ["plain.co"], expected, moves)
+    assert runs == ["llvm-objdump"]  # the target check comes once all are written (write_and_prove.check_targets)
     assert len(in_place) == 1 and in_place[0][0] == "plain.co"
     assert "expected 'v_mov_b32_e32 v0, v2" in in_place[0][2]
     assert not (staging / "plain.co").exists()

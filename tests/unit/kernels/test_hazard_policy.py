@@ -10,7 +10,7 @@ import pytest
 from cdna2.drift import find_drift
 from cdna2.host import elf
 from cdna2.hostdata import problems_for, schema
-from cdna2.kernels import Policy, TranslationError, edits, engine, hazards, isa, translate_tree
+from cdna2.kernels import Policy, TranslationError, edits, engine, hazard_rules, isa, translate_tree, workers
 from cdna2.plan import deployed_record
 from cdna2.translated import TranslatedTree
 from tests.unit.kernels.conftest import BF16_MFMA
@@ -70,9 +70,9 @@ def test_unknown_policy_is_refused_before_anything_is_written(verdict_tree, tmp_
 
 
 def test_policy_is_validated_host_data_with_a_documented_default():
-    assert schema()["properties"]["kernel_hazard_policy"]["enum"] == list(hazards.POLICIES)
+    assert schema()["properties"]["kernel_hazard_policy"]["enum"] == list(hazard_rules.POLICIES)
     defaults = runpy.run_path(str(ROOT / "group_data/all.py"))
-    assert defaults["kernel_hazard_policy"] == hazards.DEFAULT_POLICY
+    assert defaults["kernel_hazard_policy"] == hazard_rules.DEFAULT_POLICY
     assert "`kernel_hazard_policy`" in (ROOT / "README.md").read_text()
     assert problems_for("mi210-a", {"kernel_hazard_policy": "strict"}) == []
     (problem,) = problems_for("mi210-a", {"kernel_hazard_policy": "lenient"})
@@ -86,7 +86,7 @@ def provisioned_probe(deployed: dict) -> dict:
 
 def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
     made = Policy().record()
-    assert made == {"policy": "default", "audit_version": hazards.AUDIT_VERSION, "pad_mfma_hazards": True,
+    assert made == {"policy": "default", "audit_version": hazard_rules.AUDIT_VERSION, "pad_mfma_hazards": True,
                     "int8_k32_split": False}
     deployed = deployed_record({"distributions": {}}, [], "d" * 64, {}, made)
     assert deployed["kernel_hazards"] == made
@@ -95,8 +95,8 @@ def test_verify_flags_a_tree_made_under_another_policy_or_audit_version():
     assert drift == ("kernel_hazard_policy: recorded default, host data strict: run the deploy to install the tree "
                      "these give")
     (drift,) = find_drift(provisioned_probe(deployed), {}, Policy().record(audit_version="0"))
-    assert drift == (f"MFMA wait-state audit version: recorded {hazards.AUDIT_VERSION}, this tool 0: run the deploy "
-                     "to install the tree these give")
+    assert drift == (f"MFMA wait-state audit version: recorded {hazard_rules.AUDIT_VERSION}, this tool 0: run the "
+                     "deploy to install the tree these give")
     older = deployed_record({"distributions": {}}, [], "d" * 64, {})
     (drift,) = find_drift(provisioned_probe(older), {}, made)
     assert drift.startswith("kernels made under a deploy without the MFMA wait-state audit")
@@ -119,7 +119,7 @@ def test_verify_names_padding_and_the_split_when_the_host_data_changed_since_the
 def test_a_record_written_before_padding_and_the_split_were_recorded_reads_as_their_defaults():
     # What deploys wrote before the record held the whole policy: they ran with padding on and the split off.
     before = deployed_record({"distributions": {}}, [], "d" * 64, {},
-                             {"policy": "default", "audit_version": hazards.AUDIT_VERSION})
+                             {"policy": "default", "audit_version": hazard_rules.AUDIT_VERSION})
     assert find_drift(provisioned_probe(before), {}, Policy().record()) == []
     assert find_drift(provisioned_probe(before), {}, Policy(pad_mfma_hazards=False).record()) == [
         "pad_mfma_hazards: recorded on, host data off: run the deploy to install the tree these give"]
@@ -164,7 +164,7 @@ def test_padding_makes_every_short_kernel_clean_so_every_policy_installs_it(verd
 
 def test_padding_started_from_the_engines_audit_plans_what_auditing_the_kernel_again_plans(verdict_tree, llvm_tools):
     kernels = ["fam/branch.co", "fam/clean.co", "fam/straight.co"]
-    with engine._pool(1) as pool:
+    with workers.pool(1) as pool:
         analysis = engine._analyse(verdict_tree, kernels, llvm_tools, 1, pool, lambda message: None)
     assert set(analysis.shortfalls) == {"fam/branch.co", "fam/straight.co"}, "only short kernels have shortfalls"
     for relpath in analysis.shortfalls:

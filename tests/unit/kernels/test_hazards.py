@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from cdna2.kernels import hazards, llvm
+from cdna2.kernels import hazard_instructions, llvm
+from cdna2.kernels import hazard_rules as rules
 from cdna2.kernels.hazards import audit_listing, listing_from_objdump
 
 # --- one producer, one consumer, through llc -run-pass=post-RA-hazard-rec ------------------------------------------
@@ -65,24 +66,24 @@ CMPX = ("V_CMPX_EQ_U32_e32 $vgpr21, $vgpr22, implicit-def $vcc, implicit-def $ex
 
 # (name, rule the audit must name, producer, consumer)
 CASES = [
-    *[(f"{kind}-valu-read", hazards.VALU_READ, mfma(kind, 0, 0), VALU_READ) for kind in MFMAS],
-    ("16x16x16bf16-accvgpr-read", hazards.VALU_READ, mfma("16x16x16bf16", 0, 0, bank="a"), ACC_READ),
-    ("32x32x8bf16-accvgpr-read", hazards.VALU_READ, mfma("32x32x8bf16", 0, 0, bank="a"), ACC_READ),
-    *[(f"{kind}-store", hazards.MEM_READ, mfma(kind, 0, 0), STORE) for kind in ("16x16x16bf16", "32x32x2f32")],
-    *[(f"{kind}-lds-write", hazards.MEM_READ, mfma(kind, 0, 0), LDS_WRITE) for kind in ("4x4x4f16", "32x32x8bf16")],
-    *[(f"{kind}-valu-overwrite", hazards.WAW, mfma(kind, 0, 0), VALU_WRITE) for kind in ("16x16x16bf16", "16x16x4f32")],
-    ("32x32x8bf16-load-overwrite", hazards.WAW, mfma("32x32x8bf16", 0, 0), LOAD),
-    ("16x16x16bf16-accvgpr-overwrite", hazards.WAW, mfma("16x16x16bf16", 0, 0, bank="a"), ACC_WRITE),
-    *[(f"{kind}-srcc-overwrite", hazards.WAR, mfma(kind, 48, 0), VALU_WRITE) for kind in MFMAS],
-    *[(f"{kind}-srcc-same", hazards.SRCC_EXACT, mfma(kind, 0, 0), mfma(kind, 64, 0))
+    *[(f"{kind}-valu-read", rules.VALU_READ, mfma(kind, 0, 0), VALU_READ) for kind in MFMAS],
+    ("16x16x16bf16-accvgpr-read", rules.VALU_READ, mfma("16x16x16bf16", 0, 0, bank="a"), ACC_READ),
+    ("32x32x8bf16-accvgpr-read", rules.VALU_READ, mfma("32x32x8bf16", 0, 0, bank="a"), ACC_READ),
+    *[(f"{kind}-store", rules.MEM_READ, mfma(kind, 0, 0), STORE) for kind in ("16x16x16bf16", "32x32x2f32")],
+    *[(f"{kind}-lds-write", rules.MEM_READ, mfma(kind, 0, 0), LDS_WRITE) for kind in ("4x4x4f16", "32x32x8bf16")],
+    *[(f"{kind}-valu-overwrite", rules.WAW, mfma(kind, 0, 0), VALU_WRITE) for kind in ("16x16x16bf16", "16x16x4f32")],
+    ("32x32x8bf16-load-overwrite", rules.WAW, mfma("32x32x8bf16", 0, 0), LOAD),
+    ("16x16x16bf16-accvgpr-overwrite", rules.WAW, mfma("16x16x16bf16", 0, 0, bank="a"), ACC_WRITE),
+    *[(f"{kind}-srcc-overwrite", rules.WAR, mfma(kind, 48, 0), VALU_WRITE) for kind in MFMAS],
+    *[(f"{kind}-srcc-same", rules.SRCC_EXACT, mfma(kind, 0, 0), mfma(kind, 64, 0))
       for kind in ("16x16x16bf16", "4x4x4f16", "32x32x2f32")],
-    *[(f"{kind}-srcc-partial", hazards.SRCC_OVERLAP, mfma(kind, 0, 0), mfma(kind, 64, 2)) for kind in MFMAS],
-    ("16x16x4f32-srcc-partial-xdl-reader", hazards.SRCC_OVERLAP, mfma("16x16x4f32", 0, 0),
+    *[(f"{kind}-srcc-partial", rules.SRCC_OVERLAP, mfma(kind, 0, 0), mfma(kind, 64, 2)) for kind in MFMAS],
+    ("16x16x4f32-srcc-partial-xdl-reader", rules.SRCC_OVERLAP, mfma("16x16x4f32", 0, 0),
      mfma("16x16x16bf16", 64, 2)),
-    *[(f"{kind}-srcab", hazards.SRC_AB, mfma(kind, 0, 0), mfma(kind, 64, 64, a=0)) for kind in MFMAS],
-    ("valu-write-srca", hazards.VALU_WRITE, SRCA_WRITE, mfma("16x16x16bf16", 0, 0)),
-    ("accvgpr-write-srcc", hazards.VALU_WRITE, ACC_WRITE, mfma("16x16x16bf16", 0, 0, bank="a")),
-    ("cmpx-exec", hazards.EXEC_WRITE, CMPX, mfma("16x16x16bf16", 0, 0)),
+    *[(f"{kind}-srcab", rules.SRC_AB, mfma(kind, 0, 0), mfma(kind, 64, 64, a=0)) for kind in MFMAS],
+    ("valu-write-srca", rules.VALU_WRITE, SRCA_WRITE, mfma("16x16x16bf16", 0, 0)),
+    ("accvgpr-write-srcc", rules.VALU_WRITE, ACC_WRITE, mfma("16x16x16bf16", 0, 0, bank="a")),
+    ("cmpx-exec", rules.EXEC_WRITE, CMPX, mfma("16x16x16bf16", 0, 0)),
 ]
 
 
@@ -98,7 +99,7 @@ def mir_module(cases) -> str:
 def llc_nops(llvm_tools) -> dict[tuple[str, str], int]:
     """Wait states llc's post-RA hazard recognizer inserts between producer and consumer, per case and CPU."""
     inserted = {}
-    for cpu in hazards.TARGETS:
+    for cpu in rules.TARGETS:
         result = subprocess.run([llvm_tools.tool("llc"), "-mtriple=amdgcn-amd-amdhsa", f"-mcpu={cpu}",
                                  "-run-pass=post-RA-hazard-rec", "-x", "mir", "-o", "-", "-"], input=mir_module(CASES),
                                 capture_output=True, text=True)
@@ -108,7 +109,7 @@ def llc_nops(llvm_tools) -> dict[tuple[str, str], int]:
     return inserted
 
 
-@pytest.mark.parametrize("cpu", hazards.TARGETS)
+@pytest.mark.parametrize("cpu", rules.TARGETS)
 @pytest.mark.parametrize("name, rule, producer, consumer", CASES, ids=[case[0] for case in CASES])
 def test_audit_requires_what_llvm_inserts(llc_nops, cpu, name, rule, producer, consumer):
     audit = audit_listing([(0, 8, producer[1]), (8, 8, consumer[1])], cpu)
@@ -116,7 +117,8 @@ def test_audit_requires_what_llvm_inserts(llc_nops, cpu, name, rule, producer, c
     need = llc_nops[name, cpu]
     if need == 0:
         assert audit.short_edges == [], f"llc inserts nothing on {cpu}; the audit flags {audit.short_edges}"
-        assert hazards.needed(rule, cpu, *(hazards.parse(text).mfma for text in (producer[1], consumer[1]))) == 0
+        producer_mfma, consumer_mfma = (hazard_instructions.parse(text).mfma for text in (producer[1], consumer[1]))
+        assert rules.needed(rule, cpu, producer_mfma, consumer_mfma) == 0
         return
     assert {edge.rule for edge in audit.short_edges} >= {rule}
     assert max(edge.needed for edge in audit.short_edges) == need, f"llc inserts {need} wait states on {cpu}"
@@ -124,9 +126,9 @@ def test_audit_requires_what_llvm_inserts(llc_nops, cpu, name, rule, producer, c
 
 
 def test_the_cases_cover_every_rule_and_differ_between_the_chips(llc_nops):
-    assert {rule for _, rule, _, _ in CASES} == {hazards.VALU_READ, hazards.MEM_READ, hazards.WAW, hazards.WAR,
-                                                 hazards.SRCC_EXACT, hazards.SRCC_OVERLAP, hazards.SRC_AB,
-                                                 hazards.VALU_WRITE, hazards.EXEC_WRITE}
+    assert {rule for _, rule, _, _ in CASES} == {rules.VALU_READ, rules.MEM_READ, rules.WAW, rules.WAR,
+                                                 rules.SRCC_EXACT, rules.SRCC_OVERLAP, rules.SRC_AB,
+                                                 rules.VALU_WRITE, rules.EXEC_WRITE}
     assert llc_nops["16x16x16bf16-valu-read", "gfx90a"] == 11 and llc_nops["16x16x16bf16-valu-read", "gfx942"] == 7
     assert llc_nops["32x32x8bf16-valu-read", "gfx90a"] == 19 and llc_nops["32x32x8bf16-valu-read", "gfx942"] == 11
 
@@ -158,7 +160,7 @@ done:
 """.replace("\n                                                           ", " ")
 
 
-@pytest.mark.parametrize("cpu", hazards.TARGETS)
+@pytest.mark.parametrize("cpu", rules.TARGETS)
 def test_kernel_compiled_by_llc_audits_clean(llvm_tools, tmp_path, cpu):
     source, obj = tmp_path / "k.ll", tmp_path / "k.o"
     source.write_text(IR_KERNEL)
@@ -168,7 +170,7 @@ def test_kernel_compiled_by_llc_audits_clean(llvm_tools, tmp_path, cpu):
     audit = audit_listing(listing_from_objdump(lines), cpu)
     assert audit.mfmas >= 1 and audit.dependencies >= 2, "the loop's MFMA feeds VALUs and itself"
     assert any(text.startswith("s_cbranch") for _, _, text in listing_from_objdump(lines)), "a loop: a back edge"
-    assert audit.verdict == hazards.CLEAN, [edge.to_json() for edge in audit.short_edges]
+    assert audit.verdict == rules.CLEAN, [edge.to_json() for edge in audit.short_edges]
 
 
 # --- paths, counting, staggered writeback, parsing ------------------------------------------------------------------
@@ -191,7 +193,7 @@ def test_s_nop_n_counts_n_plus_one(llvm_tools):
     listing = assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 1", READ_V1])
     (edge,) = audit_listing(listing).short_edges
     assert (edge.present, edge.needed, edge.path, edge.passes_wait) == (10, 11, "straight-line", False)
-    assert audit_listing(assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 2", READ_V1])).verdict == hazards.CLEAN
+    assert audit_listing(assembled(llvm_tools, [MFMA_16, "s_nop 7", "s_nop 2", READ_V1])).verdict == rules.CLEAN
 
 
 def test_straight_line_edge_says_whether_it_passes_a_wait(llvm_tools):
@@ -208,7 +210,7 @@ def test_fall_through_across_a_branch(llvm_tools):
     audit = audit_listing(listing)
     assert [(e.path, e.present, e.producer_address, e.consumer_address) for e in audit.short_edges] == [
         ("fall-through", 2, 0, 16)], "the branch itself is one wait state"
-    assert audit.verdict == hazards.SHORT_BRANCHES and audit.worst.consumer == READ_V1
+    assert audit.verdict == rules.SHORT_BRANCHES and audit.worst.consumer == READ_V1
 
 
 def test_taken_branch_is_its_own_path(llvm_tools):
@@ -230,12 +232,12 @@ def test_tight_loop_settles(llvm_tools):
     listing = assembled(llvm_tools, [READ_V1, MFMA_16, "s_cbranch_scc1 65532", "s_endpgm"])
     audit = audit_listing(listing)
     assert [(e.rule, e.path, e.present, e.needed) for e in audit.short_edges] == [
-        (hazards.VALU_READ, "taken-branch", 1, 11)], "the MFMA reads its own result as SrcC: 0 needed on gfx90a"
+        (rules.VALU_READ, "taken-branch", 1, 11)], "the MFMA reads its own result as SrcC: 0 needed on gfx90a"
 
 
 def test_unconditional_branch_has_no_fall_through(llvm_tools):
     listing = assembled(llvm_tools, [MFMA_16, "s_branch 1", READ_V1, "s_nop 7", "s_nop 7", "s_endpgm"])
-    assert audit_listing(listing).verdict == hazards.CLEAN, "the read after s_branch is never reached from the MFMA"
+    assert audit_listing(listing).verdict == rules.CLEAN, "the read after s_branch is never reached from the MFMA"
 
 
 def test_staggered_writeback_is_credited_on_gfx942_only(llvm_tools):
@@ -243,7 +245,7 @@ def test_staggered_writeback_is_credited_on_gfx942_only(llvm_tools):
     reads = [f"v_add_f32_e32 v{8 + k}, v{k}, v9" for k in range(4)]
     lines = ["v_mfma_f32_16x16x16_bf16 v[0:3], v[4:5], v[6:7], v[0:3]", "s_nop 3", *reads]
     gfx942 = audit_listing(assembled(llvm_tools, lines, "gfx942"), "gfx942")
-    assert gfx942.verdict == hazards.CLEAN and gfx942.staggered == 3, "k = 0, 1, 2 are below LLVM's 7"
+    assert gfx942.verdict == rules.CLEAN and gfx942.staggered == 3, "k = 0, 1, 2 are below LLVM's 7"
     gfx90a = audit_listing(assembled(llvm_tools, [hazards_rename(line) for line in lines]))
     assert [(e.present, e.needed, e.short_on_gfx942) for e in gfx90a.short_edges] == [
         (4, 11, False), (5, 11, False), (6, 11, False), (7, 11, False)]
@@ -258,11 +260,11 @@ def hazards_rename(line: str) -> str:
 
 def test_unparsed_line_and_unresolved_branch_are_never_clean():
     audit = audit_listing([(0, 8, "v_mfma_f32_99x99x1_bf16 v[0:3], v[4:5], v[6:7], v[0:3]"), (8, 4, "s_branch 7")])
-    assert audit.verdict == hazards.UNAUDITED
+    assert audit.verdict == rules.UNAUDITED
     assert audit.unparsed[0][0] == 0 and "no pass count" in audit.unparsed[0][2]
     assert audit.unresolved == [(8, "s_branch 7")]
     labelled = audit_listing([(0, 4, "s_branch label_0001"), (4, 4, "s_endpgm")])
-    assert labelled.verdict == hazards.UNAUDITED and "listing_from_objdump" in labelled.unparsed[0][2]
+    assert labelled.verdict == rules.UNAUDITED and "listing_from_objdump" in labelled.unparsed[0][2]
 
 
 @pytest.mark.parametrize("text, reads, writes", [
@@ -277,11 +279,11 @@ def test_unparsed_line_and_unresolved_branch_are_never_clean():
      [(38, 39)]),
 ])
 def test_operand_roles(text, reads, writes):
-    facts = hazards.parse(text)
+    facts = hazard_instructions.parse(text)
     assert (list(facts.reads), list(facts.writes)) == (reads, writes)
 
 
 def test_policies():
-    assert [hazards.installs("default", v) for v in hazards.VERDICTS] == [True, True, False, False]
-    assert [hazards.installs("strict", v) for v in hazards.VERDICTS] == [True, False, False, False]
-    assert all(hazards.installs("permissive", v) for v in hazards.VERDICTS)
+    assert [rules.installs("default", v) for v in rules.VERDICTS] == [True, True, False, False]
+    assert [rules.installs("strict", v) for v in rules.VERDICTS] == [True, False, False, False]
+    assert all(rules.installs("permissive", v) for v in rules.VERDICTS)

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from cdna2.host import manifest
-from cdna2.kernels import Policy, engine, hazards, llvm, translate_tree
+from cdna2.kernels import Policy, batching, engine, hazard_rules, hazards, llvm, translate_tree, workers
 
 # Measured with LLVM 22.1.8, audit version 1 (docs: mfma-hazards.md section 4).
 STRAIGHT_LINE_SHORT = sorted(
@@ -79,10 +79,10 @@ def test_strict_policy_installs_only_clean_kernels(real_source, real_translation
 @pytest.mark.slow
 def test_gfx942_originals_under_gfx942_rules_are_explained_by_staggered_writeback(real_source, llvm_tools):
     kernels, _ = engine._list_tree(real_source)
-    with engine._pool(2) as pool:
+    with workers.pool(2) as pool:
         analysis = engine._analyse(real_source, kernels, llvm_tools, 2, pool, lambda message: None)
         readable = [relpath for relpath in kernels if analysis.files[relpath][0] == "ok"]
-        groups = engine._balanced(real_source, readable, 4)
+        groups = batching.balanced(real_source, readable, 4)
         audits = {}
         for batch in pool.map(hazards.audit_batch, [str(real_source)] * len(groups), groups,
                               [{analysis.chunks[g]: analysis.texts[g] for g in set().union(
@@ -119,7 +119,7 @@ def test_default_translation_pads_every_short_kernel_and_a_fresh_audit_finds_no_
     listings = llvm.objdump_lines(llvm_tools, files, "gfx90a")
     short = {path.name: len(audit.short_edges) for path in files
              if (audit := hazards.audit_listing(hazards.listing_from_objdump(listings[str(path)]))).short_edges
-             or audit.verdict != hazards.CLEAN}
+             or audit.verdict != hazard_rules.CLEAN}
     assert short == {}
     csvs = [path.relative_to(dst).as_posix() for path in dst.rglob("*.csv")]
     assert not any(manifest.dangling_rows(dst, csv) for csv in csvs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cdna2.kernels import classify_tree, engine, isa, judge, llvm
+from cdna2.kernels import batching, classify_tree, isa, judge, llvm
 from tests.unit.kernels.conftest import BF16_MFMA, FP8_MFMA
 
 PLAIN = "v_add_u32_e32 v0, v1, v2"
@@ -68,7 +68,7 @@ def test_verdicts_of_many_batches_are_those_of_one(build_code_object, tmp_path, 
 
     messages: list[str] = []
     whole = classify_tree(src, jobs=2, progress=messages.append)
-    monkeypatch.setattr(engine, "JUDGE_BATCH", 2)  # read by the parent, which cuts the batches
+    monkeypatch.setattr(batching, "JUDGE_BATCH", 2)  # read by the parent, which cuts the batches
     cut = classify_tree(src, jobs=2, progress=messages.append)
     assert without_durations(cut) == without_durations(whole)
     judged = [message.split(" batches")[0].rsplit(" ", 1)[1] for message in messages if message.startswith("judged")]

@@ -6,6 +6,7 @@ import gc
 import json
 import struct
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import pytest
 from cdna2.__main__ import main as cdna2_main
 from cdna2.host import elf
 from cdna2.host.probe import tree_digest
-from cdna2.kernels import TranslationError, classify_tree, engine, isa, translate_tree
+from cdna2.kernels import (TranslationError, batching, classify_tree, engine, isa, scan, translate_tree, tree_cache,
+                           workers, write_and_prove)
 from tests.unit.kernels.conftest import BF16_MFMA, FP8_MFMA
 
 MANIFEST = "knl_name,knl_file\n_ZN5aiter2okE,ok_bf16.co\n_ZN5aiter3fp8E,blocked_fp8.co\n"
@@ -72,7 +74,7 @@ def test_rewrite_that_changes_length_blocks_the_kernel(tmp_path, build_code_obje
     # No gfx942 instruction is known to change length on gfx90a, so the rename table is given a row that does:
     # v_mov_b32_e32 (4 bytes) spelled as its 8-byte VOP3 form.
     monkeypatch.setitem(isa.RENAMES, "v_mov_b32_e32", "v_mov_b32_e64")
-    monkeypatch.setattr(engine, "_pool", ThreadPoolExecutor)  # the judge runs on the pool: here, to see that row
+    monkeypatch.setattr(workers, "pool", ThreadPoolExecutor)  # the judge runs on the pool: here, to see that row
     src = tmp_path / "gfx942"
     build_code_object(src / "grow.co", "v_mov_b32_e32 v0, v1")
     report = classify_tree(src, jobs=1)
@@ -152,6 +154,18 @@ def test_corrupted_cache_entry_is_rebuilt(source_tree, tmp_path):
     assert again["output_digest"] == first["output_digest"]
 
 
+def test_the_cache_key_covers_every_module_that_decides_a_translation():
+    # A change to any module the engine runs must make a new key (tree_cache.PIPELINE_MODULES). Not in it: the
+    # packages, cdna2.cache (the digest itself) and cdna2.host.probe (the tree's listing and digest; the source
+    # tree's digest is a part of the key of its own). The command line (kernels/cli.py) is not loaded by the engine.
+    program = "import sys, cdna2.kernels.engine; print(*(name for name in sys.modules if name[:5] == 'cdna2'))"
+    loaded = subprocess.run([sys.executable, "-c", program], cwd=Path(__file__).resolve().parents[3],
+                            capture_output=True, text=True, check=True).stdout.split()
+    not_covered = {"cdna2", "cdna2.kernels", "cdna2.host", "cdna2.cache", "cdna2.host.probe"}
+    assert set(loaded) - not_covered == set(tree_cache.PIPELINE_MODULES)
+    package = {f"cdna2.kernels.{path.stem}" for path in Path(tree_cache.__file__).parent.glob("*.py")}
+    assert package - {"cdna2.kernels.__init__", "cdna2.kernels.cli"} <= set(tree_cache.PIPELINE_MODULES)
+
 def test_output_is_deterministic(source_tree, tmp_path):
     one = translate_tree(source_tree, tmp_path / "one", jobs=1)
     two = translate_tree(source_tree, tmp_path / "two", jobs=2)
@@ -177,9 +191,9 @@ def test_cli_reports_unusable_input(tmp_path, capsys):
 
 def test_the_pool_collects_less_in_its_workers_and_here_until_it_ends():
     before = gc.get_threshold()
-    with engine._pool(1) as pool:
-        assert gc.get_threshold()[0] == engine.GC_THRESHOLD
-        assert pool.submit(gc.get_threshold).result()[0] == engine.GC_THRESHOLD
+    with workers.pool(1) as pool:
+        assert gc.get_threshold()[0] == workers.GC_THRESHOLD
+        assert pool.submit(gc.get_threshold).result()[0] == workers.GC_THRESHOLD
     assert gc.get_threshold() == before
 
 
@@ -192,7 +206,7 @@ def test_patch_rewrites_only_changed_instructions_and_refuses_a_length_change(bu
     mov, nop, end = chunks
     rows = {mov: (b"\x01\x02\x00\x7e", "H0", "T0"), nop: (nop, "H1", "T1"), end: (end, "H2", "T2")}
     original = bytes(data)
-    patched, listing = engine._patch(data, code_object, rows)
+    patched, listing = write_and_prove._patch(data, code_object, rows)
     address = code_object.text_address
     assert patched == 1
     assert listing == [f"H0{address:012X}T0", f"H1{address + 4:012X}T1", f"H2{address + 8:012X}T2"]
@@ -200,7 +214,7 @@ def test_patch_rewrites_only_changed_instructions_and_refuses_a_length_change(bu
     assert data[offset:offset + 4] == b"\x01\x02\x00\x7e"
     assert data[:offset] == original[:offset] and data[offset + 4:] == original[offset + 4:]
     with pytest.raises(elf.ElfError, match=rf"byte mismatch at file offset {offset + 4:#x}: refusing to patch"):
-        engine._patch(bytearray(original), code_object, {**rows, nop: (nop + nop, "H1", "T1")})
+        write_and_prove._patch(bytearray(original), code_object, {**rows, nop: (nop + nop, "H1", "T1")})
 
 
 def test_scan_batches_are_runs_of_neighbours_of_about_equal_size(tmp_path):
@@ -209,13 +223,13 @@ def test_scan_batches_are_runs_of_neighbours_of_about_equal_size(tmp_path):
         (tmp_path / relpath).parent.mkdir(exist_ok=True)
         (tmp_path / relpath).write_bytes(bytes(size))
     order = list(sizes)
-    runs = engine._runs(tmp_path, order, 3)
+    runs = batching.runs(tmp_path, order, 3)
     assert [relpath for run in runs for relpath in run] == order  # every file once, in the order given
     assert [sum(sizes[relpath] for relpath in run) for run in runs] == [300, 300, 300]
-    assert [len(run) for run in engine._runs(tmp_path, order, 2)] == [4, 2]  # a cut takes the file it falls in
-    many = engine._runs(tmp_path, order, 10)  # more runs asked for than files: none is empty
+    assert [len(run) for run in batching.runs(tmp_path, order, 2)] == [4, 2]  # a cut takes the file it falls in
+    many = batching.runs(tmp_path, order, 10)  # more runs asked for than files: none is empty
     assert [relpath for run in many for relpath in run] == order and all(many)
-    assert engine._runs(tmp_path, [], 4) == []
+    assert batching.runs(tmp_path, [], 4) == []
 
 
 def test_the_scan_cuts_a_repeated_text_once_per_batch(build_code_object, tmp_path, monkeypatch):
@@ -226,7 +240,7 @@ def test_the_scan_cuts_a_repeated_text_once_per_batch(build_code_object, tmp_pat
     cut = []
     split = isa.split_instructions
     monkeypatch.setattr(isa, "split_instructions", lambda text: cut.append(text) or split(text))
-    table, results = engine._scan_batch(str(src), ["a.co", "b.co", "c.co"])
+    table, results = scan.scan_batch(str(src), ["a.co", "b.co", "c.co"])
     assert len(cut) == 2
     indices = {relpath: sorted(payload) for relpath, kind, payload in results}
     assert indices["a.co"] == indices["b.co"] != indices["c.co"]
