@@ -1,5 +1,6 @@
 """The per-path audit of one kernel: every MFMA dependency found on every path into each consumer, with the wait
-states present on it, judged by the rules (hazard_rules) into the kernel's report (hazard_report).
+states present on it, judged by the rules (hazard_rules, and here the staggered-writeback credit of gfx942) into
+the kernel's report (hazard_report).
 Entry point: ``audit_paths(addresses, texts, target)``.
 """
 
@@ -13,7 +14,7 @@ from cdna2.kernels.hazard_instructions import BRANCH, CBRANCH, END, MFMA, SCALAR
 from cdna2.kernels.hazard_report import KernelAudit, ShortEdge
 from cdna2.kernels.hazard_rules import (EXEC_WRITE, FALL_THROUGH, MAX_LOOKBACK, MAX_WAR_LOOKBACK, MEM_READ,
                                         PATH_NAMES, SRC_AB, SRCC_EXACT, SRCC_OVERLAP, STRAIGHT, TAKEN, VALU_READ,
-                                        VALU_WRITE, WAR, WAW, needed, staggered_need)
+                                        VALU_WRITE, WAR, WAW, needed)
 
 _WAIT_STATES = attrgetter("ws")
 _STALLS = ("s_waitcnt", "s_barrier", "s_sleep")  # may take longer than the one wait state they count
@@ -38,6 +39,22 @@ class _Path:
     def copy(self) -> "_Path":
         return _Path(list(self.entries), self.mask)
 
+
+
+def staggered_need(rule: str, producer: Instruction, operand: tuple[int, int]) -> int | None:
+    """gfx942 only: the wait states AMD's own gfx942 code relies on for a 4-pass MFMA result, or None.
+
+    On the gfx942 originals, register k (0..3) of a 4-pass XDL MFMA's 4-register result is read (or overwritten)
+    after 4+k wait states instead of LLVM's single P+3 = 7: the code relies on the result being written back one
+    register per pass. AMD's own code for its own chip is taken as evidence for gfx942, so such an edge is accepted
+    there. On gfx90a it is not: its MFMAs take 8 passes, how their writeback is staggered is documented nowhere we
+    can read (LLVM states one number), and no gfx90a code we have relies on it, so gfx90a gets LLVM's rule as is.
+    """
+    mfma, (lo, hi) = producer.mfma, producer.dst
+    if (rule not in (VALU_READ, MEM_READ, WAW) or mfma.dgemm or not mfma.xdl["gfx942"]
+            or mfma.passes["gfx942"] != 4 or hi - lo != 3):
+        return None
+    return 4 + min(operand[1], hi) - lo
 
 class Walker:
     """Dependencies of one listing, found in one forward pass that carries every path into each instruction.

@@ -1,8 +1,9 @@
 """The MFMA wait-state rules the audit applies: what LLVM requires between a producer and a consumer on each target.
 
 Rule names, pass counts and the wait states they need are LLVM's (GCNHazardRecognizer.cpp, SISchedule.td,
-VOP3PInstructions.td; cited where each is used), with the staggered-writeback credit AMD's gfx942 code relies on
-(gfx942 only). Also here: the verdicts, the path classes and which verdicts each kernel hazard policy installs.
+VOP3PInstructions.td; cited where each is used); the staggered-writeback credit AMD's gfx942 code relies on is in
+hazard_paths (``staggered_need``), which applies it. Also here: the verdicts, the path classes and which verdicts
+each kernel hazard policy installs.
 Entry point: ``needed(rule, target, producer, consumer)``.
 """
 
@@ -11,12 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from cdna2.kernels import isa
-
-if TYPE_CHECKING:
-    from cdna2.kernels.hazard_instructions import Instruction
 
 # Bump whenever a verdict may change for the same input (rules, parsing, path classes).
 AUDIT_VERSION = "1"
@@ -140,22 +137,6 @@ def needed(rule: str, target: str, producer: Mfma | None, consumer: Mfma | None 
             return passes + 1 if xdl else passes
         return passes + 1 if consumer.dgemm else passes  # SMFMA*WritesVGPROverlapped{D,S}MFMASrcC: 3/9/17, 2/8/16
     raise ValueError(f"unknown hazard rule {rule!r}")
-
-
-def staggered_need(rule: str, producer: "Instruction", operand: tuple[int, int]) -> int | None:
-    """gfx942 only: the wait states AMD's own gfx942 code relies on for a 4-pass MFMA result, or None.
-
-    On the gfx942 originals, register k (0..3) of a 4-pass XDL MFMA's 4-register result is read (or overwritten)
-    after 4+k wait states instead of LLVM's single P+3 = 7: the code relies on the result being written back one
-    register per pass. AMD's own code for its own chip is taken as evidence for gfx942, so such an edge is accepted
-    there. On gfx90a it is not: its MFMAs take 8 passes, how their writeback is staggered is documented nowhere we
-    can read (LLVM states one number), and no gfx90a code we have relies on it, so gfx90a gets LLVM's rule as is.
-    """
-    mfma, (lo, hi) = producer.mfma, producer.dst
-    if (rule not in (VALU_READ, MEM_READ, WAW) or mfma.dgemm or not mfma.xdl["gfx942"]
-            or mfma.passes["gfx942"] != 4 or hi - lo != 3):
-        return None
-    return 4 + min(operand[1], hi) - lo
 
 
 def installs(policy: str, verdict: str) -> bool:
