@@ -21,8 +21,11 @@ def accepted_logins(lab_host: dict) -> int:
 
 @pytest.fixture(scope="module")
 def deployed(lab: dict, tmp_path_factory: pytest.TempPathFactory):
-    """One real deploy of the whole lab, then a second one; both runs' reports."""
+    """One real deploy of the whole lab, then a second one; both runs' reports. A rollback first: the shared lab
+    may hold an earlier test's deploy, and the first run here must provision."""
     reports = tmp_path_factory.mktemp("reports")
+    rollback = run_pyinfra("-y", "rollback.py", report_dir=reports)
+    assert rollback.returncode == 0, rollback.output[-4000:]
     logins_before = {host["name"]: accepted_logins(host) for host in lab["hosts"]}
     first = run_pyinfra("-y", "deploy.py", report_dir=reports)
     second = run_pyinfra("-y", "deploy.py", report_dir=reports)
