@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from cdna2.host import smoke, smoke_gpu
+from cdna2.host import gpu_run, smoke, smoke_gpu, smoke_static
 
 OK, WRONG, FALLBACK, CRASHED, HUNG, FAILED, SKIPPED = "ok", "wrong", "fallback", "crashed", "hung", "failed", "skipped"
 PROBLEMS = (WRONG, CRASHED, HUNG, FAILED)  # statuses that fail the host; "fallback" is reported, by name
@@ -76,7 +76,7 @@ def case_result(case: dict, status: str, detail: str, **figures) -> dict:
 MODULE_IMPORT = re.compile(r"import \[(?P<module>[A-Za-z0-9_]+)\] under (?P<path>\S+)")
 
 
-def kernel_proof(case: dict, captured: str, run: smoke.GpuRun) -> tuple[list[str], str, str]:
+def kernel_proof(case: dict, captured: str, run: gpu_run.GpuRun) -> tuple[list[str], str, str]:
     """What in the child's captured output proves the case's kernel ran, what was wanted, and what was seen.
 
     ASM kernels (``proof``): a kernel-load line naming a code object under the provisioned hsa/gfx90a whose path
@@ -87,20 +87,20 @@ def kernel_proof(case: dict, captured: str, run: smoke.GpuRun) -> tuple[list[str
         imports = list(MODULE_IMPORT.finditer(captured))
         package = run.site_packages / "aiter"
         proof = sorted({match["path"] for match in imports
-                        if match["module"] == case["proof_module"] and smoke._within(match["path"], package)})
-        seen = (f"imported {smoke._named(sorted({match['path'] for match in imports}))}" if imports
+                        if match["module"] == case["proof_module"] and gpu_run.within(match["path"], package)})
+        seen = (f"imported {smoke_static.named(sorted({match['path'] for match in imports}))}" if imports
                 else "no module import line at all")
         return proof, f"no import line names {case['proof_module']} in the provisioned {package}", seen
-    loads = smoke.load_lines(captured)
+    loads = gpu_run.load_lines(captured)
     proof = sorted({load["path"] for load in loads
-                    if (inside := smoke._relative_in(load["path"], run.tree)) is not None
+                    if (inside := gpu_run.relative_in(load["path"], run.tree)) is not None
                     and re.search(case["proof"], inside)})
-    seen = f"loaded {smoke._named(sorted({load['path'] for load in loads}))}" if loads else "no load line at all"
+    seen = f"loaded {smoke_static.named(sorted({load['path'] for load in loads}))}" if loads else "no load line at all"
     return (proof, f"no kernel-load line names a code object matching {case['proof']} in the provisioned {run.tree}",
             seen)
 
 
-def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
+def judge_case(case: dict, report: dict, run: gpu_run.GpuRun) -> dict:
     """The case's status and figures from its child's report (see the module docstring)."""
     what = case["what"]
     cleanup = f"; {report['cleanup']}" if report.get("cleanup") else ""
@@ -112,7 +112,7 @@ def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
                                           f"{'; output: ' + output if output else ''}")
     if report.get("error"):
         return case_result(case, FAILED, f"{what}: {report['error']}{cleanup}")
-    problem = smoke.provenance_problem(report, run)
+    problem = gpu_run.provenance_problem(report, run)
     if problem:
         return case_result(case, FAILED, f"{what}: {problem}, so this run says nothing about the provisioned "
                                          f"AITER{cleanup}")
@@ -121,11 +121,11 @@ def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
         return case_result(case, FAILED, f"{what}: AITER's output did not land in the NaN-filled memory, so an "
                                          f"element the kernel never wrote cannot be told from stale memory")
     if not smoke_gpu.passes(asm):
-        return case_result(case, WRONG, f"WRONG: {what} differs from the reference ({smoke._figures(asm)}); "
+        return case_result(case, WRONG, f"WRONG: {what} differs from the reference ({smoke.error_figures(asm)}); "
                                         f"no figure is reported for a wrong result", check=asm)
     if not smoke_gpu.passes(report["fallback"]):
         return case_result(case, FAILED, f"{what}: the fallback ({case['fallback']}) differs from the reference "
-                                         f"({smoke._figures(report['fallback'])}), so no speedup can be given",
+                                         f"({smoke.error_figures(report['fallback'])}), so no speedup can be given",
                            check=asm)
     proof, wanted, seen = kernel_proof(case, report.get("captured", ""), run)
     asm_timing, fallback_timing = timing(report["asm_ms"]), timing(report["fallback_ms"])
@@ -139,7 +139,7 @@ def judge_case(case: dict, report: dict, run: smoke.GpuRun) -> dict:
     slower = f"; slower than the fallback ({case['fallback']})" if speedup < 1.0 else ""
     return case_result(case, OK, f"{what}: {figure:.1f} {unit}, {asm_timing['median_ms']:.3f} ms against "
                                  f"{fallback_timing['median_ms']:.3f} ms, {speedup:.2f}x{slower}; loaded "
-                                 f"{smoke._named(proof)}", asm=asm_timing, fallback=fallback_timing, speedup=speedup,
+                                 f"{smoke_static.named(proof)}", asm=asm_timing, fallback=fallback_timing, speedup=speedup,
                        figure=figure, unit=unit, loaded=proof)
 
 
@@ -157,10 +157,10 @@ def run_bench(site_packages: Path, state_dir: Path, host_arch: str | None, cases
                for case in cases if case.get("skip")}
     if len(skipped) == len(cases):
         return summarised(list(skipped.values()), None, host_arch, started)
-    with smoke.searched_first(site_packages):
-        view = smoke.read_host(site_packages, state_dir)
-    run = smoke.GpuRun(state_dir, site_packages, view.gfx90a_tree, smoke.GpuLimits(device=device_timeout))
-    device = smoke.gpu_child(["device"], run, device_timeout)
+    with smoke_static.searched_first(site_packages):
+        view = smoke_static.read_host(site_packages, state_dir)
+    run = gpu_run.GpuRun(state_dir, site_packages, view.gfx90a_tree, gpu_run.GpuLimits(device=device_timeout))
+    device = gpu_run.gpu_child(["device"], run, device_timeout)
     reason = device.get("error") or device.get("reason")
     if reason:
         results = [skipped.get(case["name"]) or
@@ -168,7 +168,7 @@ def run_bench(site_packages: Path, state_dir: Path, host_arch: str | None, cases
                    for case in cases]
         return summarised(results, device.get("device"), host_arch, started)
     results = [skipped.get(case["name"]) or
-               judge_case(case, smoke.gpu_child(["run", json.dumps(case, sort_keys=True)], run,
+               judge_case(case, gpu_run.gpu_child(["run", json.dumps(case, sort_keys=True)], run,
                                                 case_timeout or case["case_timeout_seconds"], module="bench_gpu"), run)
                for case in cases]
     return summarised(results, device["device"], host_arch, started)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, Engine, EngineError, ImageOutcome, decide, settle_image
-from cdna2.host import smoke
+from cdna2.host import gpu_run, smoke
 from cdna2.plan import arch_skip_reason, data_arch_refusal, hidden_gpu_refusal, with_data_arch
 from lab import engine as engine_module
 from operations.images import CommittedImages
@@ -85,7 +85,7 @@ def test_a_host_that_is_no_container_never_takes_the_arch_from_data_and_is_refus
 
 def test_gpu_checks_are_skipped_with_the_reason_no_gpu_can_exist():
     # The arch is gfx90a (from data) and the checks are on, yet no GPU can exist: skipped, never failed or passed.
-    run = smoke.GpuRun(Path("/nonexistent"), Path("/nonexistent"), None, smoke.GpuLimits())
+    run = gpu_run.GpuRun(Path("/nonexistent"), Path("/nonexistent"), None, gpu_run.GpuLimits())
     reason = "no GPU at build time (arch gfx90a from the host data key gpu_arch)"
     checks, device = smoke.gpu_checks("gfx90a", run, reason)
     assert device is None and len(checks) == len(smoke.GPU_CHECKS)

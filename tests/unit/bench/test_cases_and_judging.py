@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.bench import BenchDataError, host_cases, load_cases, skip_reason
-from cdna2.host import bench, smoke
+from cdna2.host import bench, gpu_run
 from cdna2.smoke_proof import proof_key
 
 CASE = {"name": "prefill_4x1024", "kind": "prefill", "what": "prefill 4x1024", "batch": 4, "seqlen": 1024,
@@ -24,13 +24,13 @@ CHECK_WRONG = {**CHECK_PASSED, "bad_elements": 40, "worst_row_rel_rms": 0.05, "r
                "first_bad_element": {"index": 7, "got": 1.05, "ref": 1.0}}
 
 
-def gpu_run(tmp_path: Path) -> smoke.GpuRun:
+def make_run(tmp_path: Path) -> gpu_run.GpuRun:
     site = tmp_path / "site-packages"
     (site / "aiter_meta" / "hsa" / "gfx90a").mkdir(parents=True)
-    return smoke.GpuRun(tmp_path, site, site / "aiter_meta" / "hsa" / "gfx90a", smoke.GpuLimits())
+    return gpu_run.GpuRun(tmp_path, site, site / "aiter_meta" / "hsa" / "gfx90a", gpu_run.GpuLimits())
 
 
-def child_report(run: smoke.GpuRun, asm_check: dict = CHECK_PASSED, load: str | None = "fwd_hd128_bf16_rtna.co",
+def child_report(run: gpu_run.GpuRun, asm_check: dict = CHECK_PASSED, load: str | None = "fwd_hd128_bf16_rtna.co",
                  asm_ms: float = 1.0, fallback_ms: float = 1.6) -> dict:
     """What bench_gpu prints for one case; a wrong ASM output is reported as the child does (nothing timed), but
     with timings added, to show that the judge never reports them."""
@@ -91,7 +91,7 @@ def test_only_a_gfx90a_host_with_a_gpu_smoke_pass_for_its_deployed_state_runs_th
 
 
 def test_correct_and_fast_gives_the_speedup_and_the_throughput(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     result = bench.judge_case(CASE, child_report(run, asm_ms=0.8, fallback_ms=1.2), run)
     assert result["status"] == "ok", result
     assert result["speedup"] == pytest.approx(1.5)
@@ -103,14 +103,14 @@ def test_correct_and_fast_gives_the_speedup_and_the_throughput(tmp_path: Path) -
 
 
 def test_correct_and_slow_is_a_figure_said_to_be_slower_than_the_fallback(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     result = bench.judge_case(CASE, child_report(run, asm_ms=2.0, fallback_ms=1.0), run)
     assert result["status"] == "ok" and result["speedup"] == pytest.approx(0.5)
     assert "slower than the fallback (torch SDPA (bf16))" in result["detail"]
 
 
 def test_wrong_and_fast_is_wrong_with_no_figure_at_all(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     result = bench.judge_case(CASE, child_report(run, asm_check=CHECK_WRONG, asm_ms=0.1), run)
     assert result["status"] == "wrong" and result["detail"].startswith("WRONG: "), result
     assert not {"asm", "fallback", "speedup", "figure", "measured"} & set(result), "no figure for a wrong result"
@@ -118,20 +118,20 @@ def test_wrong_and_fast_is_wrong_with_no_figure_at_all(tmp_path: Path) -> None:
 
 
 def test_correct_without_a_load_line_is_fallback_and_claims_no_speedup(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     result = bench.judge_case(CASE, child_report(run, load=None), run)
     assert result["status"] == "fallback" and "no load line at all" in result["detail"], result
     assert "speedup" not in result and "figure" not in result
 
 
 def test_a_load_line_of_another_kind_of_kernel_is_no_proof(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     result = bench.judge_case(CASE, child_report(run, load="fwd_hd128_bf16_causal_rtna_group.co"), run)
     assert result["status"] == "fallback", result
 
 
 def test_a_crashed_and_a_hung_case_are_named_so_without_figures(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     crashed = bench.judge_case(CASE, {"error": "'bench_gpu run {...}' ended with SIGSEGV (exit 139) and no report",
                                       "captured_tail": "HIP error"}, run)
     hung = bench.judge_case(CASE, {"error": "timed out after 20 s; killed its process group (2 processes: 1, 2)",
@@ -142,7 +142,7 @@ def test_a_crashed_and_a_hung_case_are_named_so_without_figures(tmp_path: Path) 
 
 
 def test_a_fallback_that_is_wrong_gives_no_speedup(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     result = bench.judge_case(CASE, {**child_report(run), "fallback": CHECK_WRONG}, run)
     assert result["status"] == "failed" and "so no speedup can be given" in result["detail"], result
 
@@ -178,7 +178,7 @@ def test_a_case_needing_a_patch_set_the_host_lacks_is_skipped_without_a_child(tm
 
 
 def test_a_ck_gemm_is_proven_by_its_jit_module_import_from_the_provisioned_aiter(tmp_path: Path) -> None:
-    run = gpu_run(tmp_path)
+    run = make_run(tmp_path)
     provisioned = f"[aiter] import [module_gemm_a8w8] under {run.site_packages}/aiter/jit/module_gemm_a8w8.so"
     elsewhere = "[aiter] import [module_gemm_a8w8] under /root/.aiter/jit/module_gemm_a8w8.so"
     result = bench.judge_case(GEMM, {**child_report(run), "captured": provisioned}, run)

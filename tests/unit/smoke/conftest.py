@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import elf, probe, smoke, state, txn
+from cdna2.host import elf, probe, smoke_static, state, txn
 from tests.unit.test_probe import write_distribution
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,14 +48,14 @@ class Host:
     def tree(self) -> Path:
         return self.site / "aiter_meta/hsa/gfx90a"
 
-    def view(self) -> smoke.HostView:
-        with smoke.searched_first(self.site):
-            return smoke.read_host(self.site, self.state_dir)
+    def view(self) -> smoke_static.HostView:
+        with smoke_static.searched_first(self.site):
+            return smoke_static.read_host(self.site, self.state_dir)
 
     def run(self, check) -> dict:
         """One check function over this host, with its site-packages searched first as the CLI does."""
-        with smoke.searched_first(self.site):
-            return check(smoke.read_host(self.site, self.state_dir))
+        with smoke_static.searched_first(self.site):
+            return check(smoke_static.read_host(self.site, self.state_dir))
 
     def record_kernels(self) -> None:
         state.update_state(self.state_dir, "kernels", {"digest": probe.tree_digest(self.tree),

@@ -14,7 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from cdna2.host import smoke, smoke_gpu
+from cdna2.host import gpu_run, smoke, smoke_gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -58,7 +58,7 @@ def test_load_lines_reads_every_known_format() -> None:
         "/s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16.co ) ",
         "UserWarning: df.copy() is not a code object line",
     ])
-    assert [load["path"] for load in smoke.load_lines(captured)] == [
+    assert [load["path"] for load in gpu_run.load_lines(captured)] == [
         "/s/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co",
         "/s/aiter_meta/hsa/gfx90a/pa/x.co",
         "/s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16.co",
@@ -69,8 +69,8 @@ SITE = Path("/s")
 TREE = SITE / "aiter_meta/hsa/gfx90a"
 
 
-def gpu_run(tmp_path: Path | None = None) -> smoke.GpuRun:
-    return smoke.GpuRun(tmp_path or SITE / "state", SITE, TREE, smoke.GpuLimits(device=120))
+def make_run(tmp_path: Path | None = None) -> gpu_run.GpuRun:
+    return gpu_run.GpuRun(tmp_path or SITE / "state", SITE, TREE, gpu_run.GpuLimits(device=120))
 
 
 def child_report(worst_row: float = 3e-3, bad: int = 0, captured: str = "", **extra) -> dict:
@@ -89,25 +89,25 @@ PA_GFX942 = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx942/pa/pa_bf16_noquant_
 
 
 def test_correct_with_a_gfx90a_load_line_passes() -> None:
-    check = smoke.judge_gpu_case(PA, child_report(captured=PA_GFX90A), gpu_run())
+    check = smoke.judge_gpu_case(PA, child_report(captured=PA_GFX90A), make_run())
     assert check["status"] == "passed" and "hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co" in check["detail"]
 
 
 def test_correct_without_gfx90a_proof_is_a_fallback_and_fails() -> None:
     for captured in ("", PA_GFX942):
-        check = smoke.judge_gpu_case(PA, child_report(captured=captured), gpu_run())
+        check = smoke.judge_gpu_case(PA, child_report(captured=captured), make_run())
         assert check["status"] == "failed" and "a fallback computed it" in check["detail"]
-    wrong_family = smoke.judge_gpu_case(FMHA, child_report(captured=PA_GFX90A), gpu_run())
+    wrong_family = smoke.judge_gpu_case(FMHA, child_report(captured=PA_GFX90A), make_run())
     assert wrong_family["status"] == "failed", "a pa load does not prove fmha_v3_fwd ran on ASM"
     batched = "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16_rtna.co GetFunction: k"
-    assert smoke.judge_gpu_case(GROUP, child_report(captured=batched), gpu_run())["status"] == "failed", \
+    assert smoke.judge_gpu_case(GROUP, child_report(captured=batched), make_run())["status"] == "failed", \
         "the varlen case must load a _group kernel"
     group = batched.replace("fwd_hd128_bf16_rtna.co", "fwd_hd128_bf16_rtna_group.co")
-    assert smoke.judge_gpu_case(FMHA, child_report(captured=group), gpu_run())["status"] == "failed", \
+    assert smoke.judge_gpu_case(FMHA, child_report(captured=group), make_run())["status"] == "failed", \
         "the batched cases must load a batch-mode kernel"
-    assert smoke.judge_gpu_case(FMHA, child_report(captured=batched), gpu_run())["status"] == "passed"
+    assert smoke.judge_gpu_case(FMHA, child_report(captured=batched), make_run())["status"] == "passed"
     elsewhere = PA_GFX90A.replace("/s/", "/other/site/")
-    assert smoke.judge_gpu_case(PA, child_report(captured=elsewhere), gpu_run())["status"] == "failed", \
+    assert smoke.judge_gpu_case(PA, child_report(captured=elsewhere), make_run())["status"] == "failed", \
         "a gfx90a kernel outside the provisioned tree proves nothing about it"
 
 
@@ -115,7 +115,7 @@ def test_fast_but_wrong_is_wrong_even_with_the_asm_kernel_loaded() -> None:
     for report in (child_report(worst_row=0.05, captured=PA_GFX90A), child_report(bad=1, captured=PA_GFX90A),
                    child_report(bad=3, unwritten=3, captured=PA_GFX90A,
                                 first_bad_element={"index": 7, "got": float("nan"), "ref": 0.25})):
-        check = smoke.judge_gpu_case(PA, report, gpu_run())
+        check = smoke.judge_gpu_case(PA, report, make_run())
         assert check["status"] == "wrong" and check["detail"].startswith("WRONG:"), check
     assert "3 never written (still NaN)" in check["detail"]
     assert "the first, element 7, is nan against 0.25" in check["detail"]
@@ -123,36 +123,36 @@ def test_fast_but_wrong_is_wrong_even_with_the_asm_kernel_loaded() -> None:
 
 def test_another_aiter_or_kernel_directory_or_unfilled_output_fails() -> None:
     shadow = child_report(captured=PA_GFX90A, aiter_file="/root/aiter/__init__.py")
-    check = smoke.judge_gpu_case(PA, shadow, gpu_run())
+    check = smoke.judge_gpu_case(PA, shadow, make_run())
     assert check["status"] == "failed" and "imported aiter from /root/aiter/__init__.py" in check["detail"]
     moved = child_report(captured=PA_GFX90A, aiter_asm_dir="/tmp/hsa/gfx90a/")
-    check = smoke.judge_gpu_case(PA, moved, gpu_run())
+    check = smoke.judge_gpu_case(PA, moved, make_run())
     assert check["status"] == "failed" and "AITER_ASM_DIR is /tmp/hsa/gfx90a/" in check["detail"]
     hsa_root = child_report(captured=PA_GFX90A, aiter_asm_dir=f"{SITE}/aiter_meta/hsa/")  # v0.1.17 and later
-    assert smoke.judge_gpu_case(PA, hsa_root, gpu_run())["status"] == "passed"
+    assert smoke.judge_gpu_case(PA, hsa_root, make_run())["status"] == "passed"
     stale = child_report(captured=PA_GFX90A, prefilled=False)
-    check = smoke.judge_gpu_case(PA, stale, gpu_run())
+    check = smoke.judge_gpu_case(PA, stale, make_run())
     assert check["status"] == "failed" and "did not land in the NaN-filled memory" in check["detail"]
 
 
 def test_errors_fail_and_the_sliding_window_guard_needs_no_load_line() -> None:
     failed = smoke.judge_gpu_case(PA, {"error": "RuntimeError: invalid argument for fmha_fwd",
-                                       "captured_tail": "[AITER] fail to call hipModuleLoad"}, gpu_run())
+                                       "captured_tail": "[AITER] fail to call hipModuleLoad"}, make_run())
     assert failed["status"] == "failed" and "fail to call hipModuleLoad" in failed["detail"]
-    assert smoke.judge_gpu_case(WINDOW, child_report(), gpu_run())["status"] == "passed"
-    assert smoke.judge_gpu_case(WINDOW, child_report(worst_row=0.3), gpu_run())["status"] == "wrong"
+    assert smoke.judge_gpu_case(WINDOW, child_report(), make_run())["status"] == "passed"
+    assert smoke.judge_gpu_case(WINDOW, child_report(worst_row=0.3), make_run())["status"] == "wrong"
 
 
 def test_without_a_gpu_every_gpu_check_is_skipped_never_passed(tmp_path: Path) -> None:
     for arch, why in ((None, "the host probe found no GPU"), ("gfx942", "the host probe saw gfx942")):
-        checks, device = smoke.gpu_checks(arch, gpu_run(tmp_path))
+        checks, device = smoke.gpu_checks(arch, make_run(tmp_path))
         assert device is None and [check["name"] for check in checks] == [check.name for check in smoke.GPU_CHECKS]
         assert all(check["status"] == "skipped" and why in check["detail"] for check in checks), checks
 
 
 def test_without_torch_on_a_gfx90a_host_every_gpu_check_fails(tmp_path: Path) -> None:
     # A real device-probe child of this interpreter, which has no torch: on a gfx90a host that is a failure.
-    checks, device = smoke.gpu_checks("gfx90a", gpu_run(tmp_path))
+    checks, device = smoke.gpu_checks("gfx90a", make_run(tmp_path))
     assert device is None
     for check in checks:
         assert check["status"] == "failed", check
@@ -177,4 +177,4 @@ def test_a_child_dying_inside_the_capture_leaves_its_output_in_the_sink_file(tmp
     completed = subprocess.run([sys.executable, "-c", dying], capture_output=True, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert completed.returncode == 0 and completed.stdout == ""
-    assert "fail to call hipModuleLoad" in smoke._tail_of(sink)
+    assert "fail to call hipModuleLoad" in gpu_run.tail_of(sink)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import jit, smoke
+from cdna2.host import jit, smoke_static
 from lab.aiter_git import aiter_git_dir
 from lab import wheelhouse
 
@@ -74,12 +74,12 @@ def test_a_kernel_tree_module_built_before_the_tree_was_installed_is_named(host)
     module.write_bytes(b"built")
     installed = calendar.timegm(time.strptime("2026-08-20T00:00:00Z", "%Y-%m-%dT%H:%M:%SZ"))  # record_kernels
     os.utime(module, (installed - 60, installed - 60))
-    check = host.run(smoke.check_kernel_tree_modules)
+    check = host.run(smoke_static.check_kernel_tree_modules)
     assert check["status"] == "failed", check
     assert "module_attention_asm" in check["detail"] and "cannot get heuristic kernel!" in check["detail"]
     assert f"python -m cdna2.host.jit --root {host.site} --kernel-tree-modules" in check["detail"]
     os.utime(module, (installed + 60, installed + 60))
-    assert host.run(smoke.check_kernel_tree_modules)["status"] == "passed"
+    assert host.run(smoke_static.check_kernel_tree_modules)["status"] == "passed"
 
 
 def test_locks_a_process_group_held_are_found_and_removed_once_it_is_gone(tmp_path: Path) -> None:

@@ -6,15 +6,15 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from cdna2.host import smoke
+from cdna2.host import smoke_static
 from lab import wheelhouse
 
 
 def test_real_trees_match_their_record_and_aiter_hsa_root_is_found(tmp_path: Path) -> None:
     aiter, vllm = wheelhouse.installed_tree(wheelhouse.AITER), wheelhouse.installed_tree("vllm==0.23.0")
-    with smoke.searched_first(aiter), smoke.searched_first(vllm):
-        view = smoke.read_host(aiter, tmp_path / "state")
-        check = smoke.check_record(view)
+    with smoke_static.searched_first(aiter), smoke_static.searched_first(vllm):
+        view = smoke_static.read_host(aiter, tmp_path / "state")
+        check = smoke_static.check_record(view)
     assert view.aiter["hsa_root"] == str(aiter / "aiter_meta" / "hsa")
     assert check["status"] == "passed", check["detail"]
     counts = re.match(r"(\d+) amd-aiter and (\d+) vllm files match RECORD", check["detail"])
@@ -23,5 +23,5 @@ def test_real_trees_match_their_record_and_aiter_hsa_root_is_found(tmp_path: Pat
 
 def test_real_gfx942_code_objects_read_as_gfx942() -> None:
     pa = wheelhouse.installed_tree(wheelhouse.AITER) / "aiter_meta" / "hsa" / "gfx942" / "pa"
-    machines = Counter(smoke.machine_of(path) for path in pa.glob("*.co"))
+    machines = Counter(smoke_static.machine_of(path) for path in pa.glob("*.co"))
     assert set(machines) == {"gfx942"} and machines["gfx942"] > 10, machines
