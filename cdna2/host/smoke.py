@@ -572,7 +572,7 @@ def _gpu_child(args: list[str], run: GpuRun, timeout: float) -> dict:
     The child's captured fd output goes to a file here, so what it printed before dying is still reported.
     """
     env = {**os.environ, **GPU_CHILD_ENV}
-    with tempfile.TemporaryDirectory(prefix="cdna2-smoke-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="cdna2-smoke-", dir=run.state_dir) as scratch:  # the tool's own dir
         capture_file = Path(scratch, "captured.log")
         command = [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP, str(AGENT_ROOT), *args]
         if args[0] == "run":
