@@ -21,7 +21,7 @@ from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
                         disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
-                        target_env_error, with_data_arch)
+                        shared_environment_refusal, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.wheels import WheelPlanError
@@ -30,7 +30,7 @@ from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
-from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
+from operations.preflight import environment_claimed_by, fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
@@ -82,7 +82,9 @@ space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_b
 # A login that may not write where the run must (a read-only environment, a directory of another owner) is
 # refused here, by path, before anything changes.
 write_error = None if env_error else write_access_refusal(probe)
-problem = env_error or write_error or arch_refusal or wheel_error or space_error
+# One environment seen by several hosts (a shared filesystem) is provisioned by the first of them only.
+shared_error = shared_environment_refusal(probe, environment_claimed_by(inventory, host.name, probe))
+problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)

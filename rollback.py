@@ -12,7 +12,7 @@ never provisioned, or only half, gets only what it needs; a second rollback chan
 from pyinfra import host, inventory, state
 
 from cdna2.login import write_access_refusal
-from cdna2.plan import sudo_refusal, target_env_error, with_data_arch
+from cdna2.plan import shared_environment_refusal, sudo_refusal, target_env_error, with_data_arch
 from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
 from cdna2.rollback import plan_rollback
 from cdna2.translated import load_adaptations
@@ -20,7 +20,7 @@ from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
 from operations.images import is_container_target
-from operations.preflight import validate_inventory
+from operations.preflight import environment_claimed_by, validate_inventory
 from operations.report import RunRecorder
 from operations.rollback import rolled_back, stock_files_verified
 
@@ -44,6 +44,8 @@ if env_error and (not plan.empty or sudo_refusal(probe)):  # unprivileged, the p
     plan.problems.append(env_error)
 elif not plan.empty and write_access_refusal(probe):  # found before anything is undone, by path
     plan.problems.append(write_access_refusal(probe))
+elif shared := shared_environment_refusal(probe, environment_claimed_by(inventory, host.name, probe)):
+    plan.problems.append(shared)  # a shared environment is rolled back once, from its first host
 
 # 3. The pip action that restores triton, from the same sources the deploy used.
 triton = None

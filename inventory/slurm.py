@@ -45,7 +45,8 @@ def _nodes() -> list[tuple[str, dict]]:
     except SlurmError as error:
         raise InventoryError(str(error)) from None
     state_home = shared.pop("state_home")
-    known_hosts = {"ssh_known_hosts_file": os.environ["CDNA2_KNOWN_HOSTS"]} if os.environ.get("CDNA2_KNOWN_HOSTS") else {}
+    known_hosts = ({"ssh_known_hosts_file": os.environ["CDNA2_KNOWN_HOSTS"]} if os.environ.get("CDNA2_KNOWN_HOSTS")
+                   else {})
     return [(name, {**shared, **known_hosts, "ssh_strict_host_key_checking": "yes",
                     "state_dir": node_state_dir(state_home, name)}) for name in names]
 

@@ -80,3 +80,19 @@ def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPl
             return error
 
     return catalog, wheel_plan_for
+
+
+# Inventory -> {environment fingerprint: the first host probed with it}, for the life of the inventory object.
+_environments: WeakKeyDictionary[Inventory, dict[str, str]] = WeakKeyDictionary()
+
+
+def environment_claimed_by(inventory: Inventory, host_name: str, probe: dict) -> str | None:
+    """The host of this run that provisions this host's target environment already (the first one probed with its
+    fingerprint), or None: this host is the first, or the environment is its own. pyinfra runs the deploy file
+    host after host, so the claim is made in inventory order."""
+    fingerprint = probe["python"].get("fingerprint")
+    if not fingerprint:
+        return None
+    claims = _environments.setdefault(inventory, {})
+    first = claims.setdefault(fingerprint, host_name)
+    return None if first == host_name else first

@@ -377,6 +377,18 @@ def read_os() -> dict:
     }
 
 
+def environment_fingerprint(prefix: str) -> str | None:
+    """Which directory the environment is, as every host that mounts it sees it: the inode and mtime of its prefix
+    and the inode of its lib/ (a shared filesystem, NFS or Lustre, shows one file with the same inode on every
+    client; the device number differs per client and is left out). Two local disks at the same path give other
+    values, unless cloned from one image and never written since."""
+    try:
+        top, lib = os.stat(prefix), os.stat(os.path.join(prefix, "lib"))
+    except OSError:
+        return None
+    return f"{top.st_ino}:{top.st_mtime_ns}:{lib.st_ino}"
+
+
 def read_python(target_python: str) -> dict:
     running = os.path.realpath(sys.executable)
     is_target = os.path.realpath(target_python) == running or sys.executable == target_python
@@ -388,6 +400,7 @@ def read_python(target_python: str) -> dict:
         "version": sys.version.split()[0],
         "abi": f"cp{sys.version_info.major}{sys.version_info.minor}",
         "prefix": sys.prefix,
+        "fingerprint": environment_fingerprint(sys.prefix) if is_target else None,
     }
 
 

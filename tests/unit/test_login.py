@@ -140,3 +140,35 @@ def test_a_read_only_environment_is_named_by_every_place_the_run_writes(user_env
     assert f"{site_packages(user_env)}: on a read-only filesystem" in whys, whys
     assert f"{site_packages(user_env)}/aiter/ops: on a read-only filesystem" in whys, whys
     assert all(why.endswith("on a read-only filesystem") for why in whys), whys
+
+
+def test_an_environment_has_one_fingerprint_at_every_path_it_is_seen_and_a_copy_another(tmp_path: Path) -> None:
+    env = tmp_path / "env"
+    (env / "lib").mkdir(parents=True)
+    copy = tmp_path / "copy"
+    shutil.copytree(env, copy)
+    link = tmp_path / "link"
+    link.symlink_to(env)  # the same directory under another name, as a second mount of it would be
+    assert probe.environment_fingerprint(str(env)) == probe.environment_fingerprint(str(link)) is not None
+    assert probe.environment_fingerprint(str(copy)) != probe.environment_fingerprint(str(env))
+    assert probe.environment_fingerprint(str(tmp_path / "absent")) is None
+
+
+def test_the_first_host_probed_with_an_environment_claims_it_and_the_others_are_refused_by_name() -> None:
+    from pyinfra.api import Inventory
+
+    from cdna2.plan import shared_environment_refusal
+    from operations.preflight import environment_claimed_by
+
+    inventory = Inventory(([], {}))
+    shared = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56"}}
+    own = {"python": {"prefix": "/project/venv", "fingerprint": "78:90:12"}}
+    assert environment_claimed_by(inventory, "node1", shared) is None
+    assert environment_claimed_by(inventory, "node2", own) is None, "same path, another directory: its own"
+    assert environment_claimed_by(inventory, "node3", shared) == "node1"
+    assert environment_claimed_by(inventory, "node1", shared) is None, "the claimer itself is never refused"
+    assert environment_claimed_by(Inventory(([], {})), "node3", shared) is None, "claims belong to one run"
+    refusal = shared_environment_refusal(shared, "node1")
+    assert refusal.startswith("its Python environment /project/venv is the directory host node1 provisions in this "
+                              "run (the same environment on a shared filesystem: fingerprint 12:34:56)"), refusal
+    assert "--limit node1" in refusal and shared_environment_refusal(shared, None) is None
