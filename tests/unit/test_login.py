@@ -172,3 +172,19 @@ def test_the_first_host_probed_with_an_environment_claims_it_and_the_others_are_
     assert refusal.startswith("its Python environment /project/venv is the directory host node1 provisions in this "
                               "run (the same environment on a shared filesystem: fingerprint 12:34:56)"), refusal
     assert "--limit node1" in refusal and shared_environment_refusal(shared, None) is None
+
+
+def test_the_fetch_names_the_directories_it_creates_outermost_first(tmp_path: Path) -> None:
+    from operations.kernels import MISSING_DIRECTORIES
+
+    (tmp_path / "home").mkdir()
+    staging = tmp_path / "home" / ".local" / "state" / "cdna2" / "staging"
+    made = subprocess.run(["sh", "-c", MISSING_DIRECTORIES, "sh", str(staging)], capture_output=True, text=True,
+                          check=True).stdout
+    assert made.split("\n")[0].removeprefix("missing:").split() == [
+        str(tmp_path / "home" / ".local"), str(tmp_path / "home" / ".local" / "state"),
+        str(tmp_path / "home" / ".local" / "state" / "cdna2"), str(staging)], made
+    assert staging.is_dir()
+    again = subprocess.run(["sh", "-c", MISSING_DIRECTORIES, "sh", str(staging)], capture_output=True, text=True,
+                           check=True).stdout
+    assert again == "missing:\n", "nothing to remove afterwards when everything was there"
