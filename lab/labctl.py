@@ -691,9 +691,10 @@ def build_parser() -> argparse.ArgumentParser:
     up_parser.add_argument("count", nargs="?", type=int, default=3)
     up_parser.add_argument("--subnet", help=f"first three octets of the hosts' loopback addresses "
                                             f"(default {kinds.DEFAULT_SUBNET}; fixed once the lab exists)")
-    up_parser.add_argument("--login", choices=LOGINS, help="how the deploy logs in: root (default), or an "
-                                                        "unprivileged user with passwordless sudo (fixed once the "
-                                                        "lab exists)")
+    up_parser.add_argument("--login", choices=LOGINS, help="how the deploy logs in: root (default), an "
+                                                        "unprivileged user with passwordless sudo (sudo), or a "
+                                                        "plain user without root or sudo who owns the venv (user); "
+                                                        "fixed once the lab exists")
     up_parser.add_argument("--aiter", choices=kinds.AITER_MODES, help="wheel (default): the kinds' AITER wheel; "
                                                                    "develop: every host is kind mi210-develop, its "
                                                                    "AITER a git checkout in develop mode (fixed once "
