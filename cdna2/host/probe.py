@@ -377,16 +377,42 @@ def read_os() -> dict:
     }
 
 
+# Filesystems one directory of which many hosts mount (network and cluster filesystems, by /proc mountinfo type).
+SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "ceph", "fuse.ceph", "cifs", "smb3",
+                                "glusterfs", "fuse.glusterfs", "panfs", "wekafs", "9p", "fuse.sshfs"})
+
+
+def filesystem_type(path: str, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The type of the filesystem ``path`` lies on, from the mount whose mount point is its longest prefix."""
+    try:
+        text = _read_text(mountinfo)
+    except OSError:
+        return None
+    target, best, found = os.path.realpath(path), -1, None
+    for line in text.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= best:
+            best, found = len(point), line.split(" - ", 1)[1].split()[0]
+    return found
+
+
 def environment_fingerprint(prefix: str) -> str | None:
     """Which directory the environment is, as every host that mounts it sees it: the inode and mtime of its prefix
-    and the inode of its lib/ (a shared filesystem, NFS or Lustre, shows one file with the same inode on every
-    client; the device number differs per client and is left out). Two local disks at the same path give other
-    values, unless cloned from one image and never written since."""
+    and the inode of its lib/. On a network or cluster filesystem (NFS, Lustre, ...) one file shows the same inode
+    on every client, and the device number, which differs per client, is left out; on a local filesystem the
+    device is part of it, so containers from one image (overlayfs: the lower layer's inodes, a device per
+    container) are each their own. Two local disks at the same path differ, unless cloned from one image and
+    never written since."""
     try:
         top, lib = os.stat(prefix), os.stat(os.path.join(prefix, "lib"))
     except OSError:
         return None
-    return f"{top.st_ino}:{top.st_mtime_ns}:{lib.st_ino}"
+    local = "" if filesystem_type(prefix) in SHARED_FILESYSTEMS else f":{top.st_dev}"
+    return f"{top.st_ino}:{top.st_mtime_ns}:{lib.st_ino}{local}"
 
 
 def read_python(target_python: str) -> dict:

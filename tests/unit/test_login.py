@@ -188,3 +188,15 @@ def test_the_fetch_names_the_directories_it_creates_outermost_first(tmp_path: Pa
     again = subprocess.run(["sh", "-c", MISSING_DIRECTORIES, "sh", str(staging)], capture_output=True, text=True,
                            check=True).stdout
     assert again == "missing:\n", "nothing to remove afterwards when everything was there"
+
+
+def test_the_filesystem_type_is_that_of_the_longest_mount_point_above(tmp_path: Path) -> None:
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+        "40 22 0:52 / /project rw,relatime shared:20 - nfs4 fs1:/project rw,vers=4.2\n"
+        "41 40 0:53 / /project/scratch rw shared:21 - lustre 10.0.0.1@o2ib:/scratch rw,flock\n")
+    assert probe.filesystem_type("/project/g1/venv", str(mountinfo)) == "nfs4"
+    assert probe.filesystem_type("/project/scratch/alice/env", str(mountinfo)) == "lustre"
+    assert probe.filesystem_type("/projectx/venv", str(mountinfo)) == "ext4", "a prefix of the name is no mount"
+    assert probe.filesystem_type("/opt/venv", str(tmp_path / "absent")) is None
