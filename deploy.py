@@ -30,7 +30,8 @@ from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
-from operations.preflight import environment_claimed_by, fp8_configs_of, load_data_files, validate_inventory
+from operations.preflight import (environment_claimed_by, fp8_configs_of, load_data_files, probe_announced,
+                                  validate_inventory)
 from operations.report import RunRecorder
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
@@ -47,10 +48,11 @@ fp8_configs = fp8_configs_of(data)
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
-probe = host_probe(host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root,
-                   patch_files=with_config_targets({package: catalog.target_files(package)
-                                                    for package in catalog.packages()}, fp8_configs),
-                   known_contents=known_hashes(), record_memo=record_memo(host.name))
+probe = probe_announced(inventory, host.name, lambda: host_probe(
+    host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root,
+    patch_files=with_config_targets({package: catalog.target_files(package) for package in catalog.packages()},
+                                    fp8_configs),
+    known_contents=known_hashes(), record_memo=record_memo(host.name)))
 remember_records(host.name, probe)
 # The tool's directory on this host: host data's state_dir, else the login's default the probe found there
 # (/var/lib/cdna2 for root, the XDG state directory of an unprivileged login). Nothing outside it and the Python
@@ -83,7 +85,7 @@ space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_b
 # refused here, by path, before anything changes.
 write_error = None if env_error else write_access_refusal(probe)
 # One environment seen by several hosts (a shared filesystem) is provisioned by the first of them only.
-shared_error = shared_environment_refusal(probe, environment_claimed_by(inventory, host.name, probe))
+shared_error = shared_environment_refusal(probe, environment_claimed_by(inventory, host.name))
 problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
 
 if problem:

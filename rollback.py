@@ -20,7 +20,7 @@ from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
 from operations.images import is_container_target
-from operations.preflight import environment_claimed_by, validate_inventory
+from operations.preflight import environment_claimed_by, probe_announced, validate_inventory
 from operations.report import RunRecorder
 from operations.rollback import rolled_back, stock_files_verified
 
@@ -32,7 +32,8 @@ PACKAGES = ["amd-aiter", "vllm"]
 validate_inventory(inventory)
 
 # 2. Probe: what this host holds of the deploy's work.
-probe = host_probe(host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root)
+probe = probe_announced(inventory, host.name, lambda: host_probe(
+    host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root))
 # The report's arch for an image built without a GPU.
 probe, _ = with_data_arch(probe, data.gpu_arch, is_container_target(host))
 summarise_probe(report.host(host.name), probe)
@@ -44,7 +45,7 @@ if env_error and (not plan.empty or sudo_refusal(probe)):  # unprivileged, the p
     plan.problems.append(env_error)
 elif not plan.empty and write_access_refusal(probe):  # found before anything is undone, by path
     plan.problems.append(write_access_refusal(probe))
-elif shared := shared_environment_refusal(probe, environment_claimed_by(inventory, host.name, probe)):
+elif shared := shared_environment_refusal(probe, environment_claimed_by(inventory, host.name)):
     plan.problems.append(shared)  # a shared environment is rolled back once, from its first host
 
 # 3. The pip action that restores triton, from the same sources the deploy used.

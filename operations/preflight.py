@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from functools import cache
+
+import gevent
 from weakref import WeakKeyDictionary
 from typing import Callable
 
@@ -82,17 +84,37 @@ def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPl
     return catalog, wheel_plan_for
 
 
-# Inventory -> {environment fingerprint: the first host probed with it}, for the life of the inventory object.
-_environments: WeakKeyDictionary[Inventory, dict[str, str]] = WeakKeyDictionary()
+# Inventory -> {host name: its environment's fingerprint (None: none found, or the probe failed)}.
+_fingerprints: WeakKeyDictionary[Inventory, dict[str, str | None]] = WeakKeyDictionary()
 
 
-def environment_claimed_by(inventory: Inventory, host_name: str, probe: dict) -> str | None:
-    """The host of this run that provisions this host's target environment already (the first one probed with its
-    fingerprint), or None: this host is the first, or the environment is its own. pyinfra runs the deploy file
-    host after host, so the claim is made in inventory order."""
-    fingerprint = probe["python"].get("fingerprint")
+def probe_announced(inventory: Inventory, host_name: str, probe_host: Callable[[], dict]) -> dict:
+    """``probe_host()``, with the environment fingerprint it found announced to the other hosts of the run, also
+    when it fails: ``environment_claimed_by`` waits for every host's announcement."""
+    probe = None
+    try:
+        probe = probe_host()
+        return probe
+    finally:
+        _fingerprints.setdefault(inventory, {})[host_name] = ((probe or {}).get("python") or {}).get("fingerprint")
+
+
+def environment_claimed_by(inventory: Inventory, host_name: str) -> str | None:
+    """The host of this run that provisions this host's target environment (the first host, in inventory order,
+    whose probe found the same fingerprint), or None: this host is that host, or the environment is its own.
+
+    pyinfra runs the deploy file for every host at once (a greenlet each), so this waits, cooperatively, until
+    every active host of the run has announced its fingerprint (``probe_announced``); the choice is then the same
+    whatever order the probes came back in.
+    """
+    announced = _fingerprints.setdefault(inventory, {})
+    while True:
+        running = [host.name for host in inventory if host in inventory.state.active_hosts]
+        if all(name in announced for name in running):
+            break
+        gevent.sleep(0.02)
+    fingerprint = announced.get(host_name)
     if not fingerprint:
         return None
-    claims = _environments.setdefault(inventory, {})
-    first = claims.setdefault(fingerprint, host_name)
+    first = next(name for name in running if announced.get(name) == fingerprint)
     return None if first == host_name else first

@@ -1,9 +1,10 @@
 """Two lab hosts whose target environment is one directory: host b's /opt/venv is host a's, bind-mounted into b's
 mount namespace (a stand-in for an NFS or Lustre environment every node mounts at the same path; each host keeps
 its own sshd, state directory and GPU stand-in). Deploying such an environment as one (a single writer, the others
-verifying) is not implemented yet; until it is, the first host of the run provisions it and every other host seeing
-the same directory is refused in preflight by name, so two hosts never write one environment at once. Rollback
-likewise restores it once, from the first host.
+verifying) is not implemented yet; until it is, the first host of the run in inventory order provisions it (chosen
+once every host has been probed, whatever order the probes came back in) and every other host seeing the same
+directory is refused in preflight by name, so two hosts never write one environment at once. Rollback likewise
+restores it once, from the first host.
 
 The lab is two MI210 hosts of its own (a scratch subnet, under the cache's scratch-labs/), stopped at the end.
 """

@@ -154,20 +154,35 @@ def test_an_environment_has_one_fingerprint_at_every_path_it_is_seen_and_a_copy_
     assert probe.environment_fingerprint(str(tmp_path / "absent")) is None
 
 
-def test_the_first_host_probed_with_an_environment_claims_it_and_the_others_are_refused_by_name() -> None:
-    from pyinfra.api import Inventory
+def test_the_first_host_in_inventory_order_claims_an_environment_whatever_order_the_probes_came_in() -> None:
+    import gevent
+    from pyinfra.api import Config, Inventory, State
 
     from cdna2.plan import shared_environment_refusal
-    from operations.preflight import environment_claimed_by
+    from operations.preflight import environment_claimed_by, probe_announced
 
-    inventory = Inventory(([], {}))
+    inventory = Inventory((["node1", "node2", "node3", "node4"], {}))
+    state = State(inventory, Config())
+    state.active_hosts = set(inventory)
     shared = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56"}}
     own = {"python": {"prefix": "/project/venv", "fingerprint": "78:90:12"}}
-    assert environment_claimed_by(inventory, "node1", shared) is None
-    assert environment_claimed_by(inventory, "node2", own) is None, "same path, another directory: its own"
-    assert environment_claimed_by(inventory, "node3", shared) == "node1"
-    assert environment_claimed_by(inventory, "node1", shared) is None, "the claimer itself is never refused"
-    assert environment_claimed_by(Inventory(([], {})), "node3", shared) is None, "claims belong to one run"
+
+    def failing_probe() -> dict:
+        raise RuntimeError("connection lost")
+
+    def deploy(name: str, delay: float, probe) -> str | None:
+        gevent.sleep(delay)  # node3's probe comes back first, node1's last
+        try:
+            probe_announced(inventory, name, probe)
+        except RuntimeError:
+            return "probe failed"
+        return environment_claimed_by(inventory, name)
+
+    runs = [gevent.spawn(deploy, "node1", 0.05, lambda: shared), gevent.spawn(deploy, "node2", 0.02, lambda: own),
+            gevent.spawn(deploy, "node3", 0.0, lambda: shared), gevent.spawn(deploy, "node4", 0.03, failing_probe)]
+    gevent.joinall(runs, timeout=10, raise_error=True)
+    assert [run.value for run in runs] == [None, None, "node1", "probe failed"], \
+        "node1 writes (first in inventory order), node2 has its own, node3 is refused; a failed probe blocks nobody"
     refusal = shared_environment_refusal(shared, "node1")
     assert refusal.startswith("its Python environment /project/venv is the directory host node1 provisions in this "
                               "run (the same environment on a shared filesystem: fingerprint 12:34:56)"), refusal
