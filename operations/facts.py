@@ -77,10 +77,13 @@ class HostProbe(FactBase[dict]):
         # sudo ourselves (the fact runs with _sudo=False, see host_probe): a login that may not sudo without a
         # password is probed unprivileged and says so (``sudo_refused``), for the preflight to fail that host by
         # name, instead of pyinfra prompting for a password on the controller.
+        # The probe's text appears once: sshd hands the whole command line to the shell as one argument, which Linux
+        # caps at 128 KiB (MAX_ARG_STRLEN), and the quoted probe is over half of that (twice, it no longer fit).
         as_root = StringCommand("sudo", "-n", "-H", *(("-u", QuoteString(sudo_user)) if sudo_user else ()))
         return StringCommand(
-            find_python, "if", StringCommand("R=$(", as_root, " true 2>&1);", _separator=""), "then", as_root, probe,
-            ";", "else", probe, '"$R";', "fi",
+            find_python, "refused=;", "if", StringCommand("R=$(", as_root, " true 2>&1);", _separator=""),
+            "then", "set", "--", as_root, ";", "else", "set", "--", "env;", "refused=1;", "fi;",
+            '"$@"', probe, '${refused:+"$R"}',
         )
 
     @override
