@@ -162,24 +162,26 @@ def test_the_first_host_in_inventory_order_claims_an_environment_whatever_order_
     from operations.preflight import environment_claimed_by, probe_announced
 
     inventory = Inventory((["node1", "node2", "node3", "node4"], {}))
-    state = State(inventory, Config())
-    state.active_hosts = set(inventory)
+    State(inventory, Config())
     shared = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56"}}
     own = {"python": {"prefix": "/project/venv", "fingerprint": "78:90:12"}}
 
-    def failing_probe() -> dict:
-        raise RuntimeError("connection lost")
+    def probe_taking(seconds: float, found: dict | None) -> dict:
+        gevent.sleep(seconds)  # the SSH round trip: node3's probe comes back first, node1's last
+        if found is None:
+            raise RuntimeError("connection lost")
+        return found
 
-    def deploy(name: str, delay: float, probe) -> str | None:
-        gevent.sleep(delay)  # node3's probe comes back first, node1's last
+    def deploy(name: str, delay: float, found: dict | None) -> str | None:
         try:
-            probe_announced(inventory, name, probe)
+            probe_announced(inventory, name, lambda: probe_taking(delay, found))
         except RuntimeError:
             return "probe failed"
         return environment_claimed_by(inventory, name)
 
-    runs = [gevent.spawn(deploy, "node1", 0.05, lambda: shared), gevent.spawn(deploy, "node2", 0.02, lambda: own),
-            gevent.spawn(deploy, "node3", 0.0, lambda: shared), gevent.spawn(deploy, "node4", 0.03, failing_probe)]
+    # Spawned together, as pyinfra loads the deploy file for every host at once (its default parallelism).
+    runs = [gevent.spawn(deploy, "node1", 0.05, shared), gevent.spawn(deploy, "node2", 0.02, own),
+            gevent.spawn(deploy, "node3", 0.0, shared), gevent.spawn(deploy, "node4", 0.03, None)]
     gevent.joinall(runs, timeout=10, raise_error=True)
     assert [run.value for run in runs] == [None, None, "node1", "probe failed"], \
         "node1 writes (first in inventory order), node2 has its own, node3 is refused; a failed probe blocks nobody"
@@ -215,3 +217,20 @@ def test_the_filesystem_type_is_that_of_the_longest_mount_point_above(tmp_path: 
     assert probe.filesystem_type("/project/scratch/alice/env", str(mountinfo)) == "lustre"
     assert probe.filesystem_type("/projectx/venv", str(mountinfo)) == "ext4", "a prefix of the name is no mount"
     assert probe.filesystem_type("/opt/venv", str(tmp_path / "absent")) is None
+
+
+def test_with_one_host_loaded_at_a_time_the_first_to_decide_keeps_the_environment() -> None:
+    """``--parallel 1``: pyinfra loads the deploy file host after host; a host must not wait for the others (they
+    cannot start before it ends), and the one chosen stays chosen."""
+    from pyinfra.api import Config, Inventory, State
+
+    from operations.preflight import environment_claimed_by, probe_announced
+
+    inventory = Inventory((["node1", "node2", "node3"], {}))
+    State(inventory, Config())
+    shared = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56"}}
+    decided = {}
+    for name in ("node2", "node1", "node3"):  # pyinfra spawns from a set: any order
+        probe_announced(inventory, name, lambda: shared)
+        decided[name] = environment_claimed_by(inventory, name)
+    assert decided == {"node2": None, "node1": "node2", "node3": "node2"}
