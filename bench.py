@@ -15,7 +15,6 @@ from pyinfra import host, inventory, state
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from cdna2.agent import agent_dir
 from cdna2.bench import host_cases, load_cases, skip_reason
 from cdna2.plan import hidden_gpu_refusal, target_env_error, with_data_arch
 from cdna2.report import FAILED, summarise_probe
@@ -35,8 +34,8 @@ plan = load_cases()
 bench = BenchRecorder.install(state, plan).report
 
 # 2. Probe: arch, the tool's recorded state (deployed, smoke pass), where AITER is.
-probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root, state_dir=data.state_dir,
-                   agent_dir=agent_dir(data.state_dir))
+probe = host_probe(host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root)
+state_dir = probe["state_dir"]["path"]  # host data's, else the login's default (cdna2/login.py)
 container = is_container_target(host)
 # gfx90a GPUs on the PCI bus without an agent: a broken GPU, never "skipped".
 hidden_gpu = hidden_gpu_refusal(probe, container)
@@ -56,10 +55,10 @@ else:
     # 3. The agent runs the cases: bring it up to date where it predates this checkout (not on skipped hosts).
     agent = current_agent_bundle()
     if not reason and probe["agent"]["digest"] != agent.digest:
-        agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=data.state_dir,
+        agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=state_dir,
                         installed_digest=probe["agent"]["digest"], target_python=data.target_python)
     # 4. Run, judge, record.
     benchmarked(name="bench: the host's figures are measured", bench=bench, report=report, skip_reason=reason,
                 cases=host_cases(plan["cases"], (probe["state"] or {}).get("deployed")),
                 site_packages=(aiter or {}).get("location"),
-                target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"])
+                target_python=data.target_python, state_dir=state_dir, host_arch=probe["gpu"]["arch"])

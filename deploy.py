@@ -14,15 +14,15 @@ from pyinfra import host, inventory, state
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from cdna2.agent import agent_dir
 from cdna2.bench import deploy_skip_reason, host_cases, load_cases
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
+from cdna2.login import write_access_refusal
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
                         disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
-                        target_env_error, with_data_arch)
+                        shared_environment_refusal, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.wheels import WheelPlanError
@@ -32,7 +32,8 @@ from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
-from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
+from operations.preflight import (environment_claimed_by, fp8_configs_of, load_data_files, probe_announced,
+                                  validate_inventory)
 from operations.report import RunRecorder
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
@@ -50,12 +51,16 @@ bench_plan = load_cases() if data.bench_on_deploy else None
 report.step(host.name, "validate", "ok")
 
 # 2. Probe the host once (one SSH round trip); every later step decides from this snapshot.
-probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
-                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
-                   patch_files=with_config_targets({package: catalog.target_files(package)
-                                                    for package in catalog.packages()}, fp8_configs),
-                   known_contents=known_hashes(), record_memo=record_memo(host.name))
+probe = probe_announced(inventory, host.name, lambda: host_probe(
+    host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root,
+    patch_files=with_config_targets({package: catalog.target_files(package) for package in catalog.packages()},
+                                    fp8_configs),
+    known_contents=known_hashes(), record_memo=record_memo(host.name)))
 remember_records(host.name, probe)
+# The tool's directory on this host: host data's state_dir, else the login's default the probe found there
+# (/var/lib/cdna2 for root, the XDG state directory of an unprivileged login). Nothing outside it and the Python
+# environment is written.
+state_dir = probe["state_dir"]["path"]
 # An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
 # Only a container target may have no GPU: any other host showing none with gpu_arch set, or with gfx90a GPUs on its
 # PCI bus, is refused below (a broken GPU must not pass for no GPU).
@@ -79,7 +84,12 @@ tree = (translated_tree_for(host, probe, kernel_policy)
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
-problem = env_error or arch_refusal or wheel_error or space_error
+# A login that may not write where the run must (a read-only environment, a directory of another owner) is
+# refused here, by path, before anything changes.
+write_error = None if env_error else write_access_refusal(probe)
+# One environment seen by several hosts (a shared filesystem) is provisioned by the first of them only.
+shared_error = shared_environment_refusal(probe, environment_claimed_by(inventory, host.name))
+problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
@@ -97,14 +107,14 @@ else:
     # 3. The host agent first: the later steps run their on-host halves from it.
     agent = current_agent_bundle()
     if probe["agent"]["digest"] != agent.digest:
-        agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=data.state_dir,
+        agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=state_dir,
                         installed_digest=probe["agent"]["digest"], target_python=data.target_python)
 
     # What the host had before the first deploy: rollback restores triton from it.
     baseline = installed_versions(probe)
     if record_needed("baseline", baseline, probe["state"], once=True):
         recorded(name="state: the pre-deploy baseline is recorded", key="baseline", value=baseline,
-                 current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir, once=True)
+                 current_state=probe["state"], target_python=data.target_python, state_dir=state_dir, once=True)
 
     # 4. Wheels before kernels and patches: those work on the AITER and vLLM that end up installed.
     if wheel_plan is None:
@@ -114,7 +124,7 @@ else:
         report.host(host.name).package_changes(requirements)
         if actions:
             wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan,
-                           state_dir=data.state_dir)
+                           state_dir=state_dir)
 
     # The probe describes the packages found before this run; one the wheels step replaces is handled next run.
     stale = f"{', '.join(reinstalled)} (re)installed by this run: run the deploy again to translate and patch"
@@ -132,7 +142,7 @@ else:
             translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
                                hsa_root=probe["aiter"]["hsa_root"], installed_digest=probe["aiter"]["gfx90a_digest"],
                                site_packages=probe["distributions"]["amd-aiter"]["location"],
-                               target_python=data.target_python, state_dir=data.state_dir)
+                               target_python=data.target_python, state_dir=state_dir)
     elif kernels == FAIL:
         report.step(host.name, "kernels", FAILED, why)
         python.raise_exception(OperationError, f"{host.name}: {why}",
@@ -164,7 +174,7 @@ else:
                                                                                          finding in plan.audit])
         if status != UNCHANGED:  # to apply, or refused: the operation fails the host with the reasons
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
-                            target_python=data.target_python, state_dir=data.state_dir)
+                            target_python=data.target_python, state_dir=state_dir)
 
     # 6b. Tuned MI210 block-FP8 configs (fp8_block_configs) into vLLM's config directory, written like patches.
     if fp8_configs and "vllm" in patch_sets:
@@ -175,7 +185,7 @@ else:
         if status != UNCHANGED:
             patched_package(name="fp8 configs: vLLM has the tuned MI210 block-FP8 configs", plan=plan,
                             site_packages=probe["distributions"]["vllm"]["location"],
-                            target_python=data.target_python, state_dir=data.state_dir)
+                            target_python=data.target_python, state_dir=state_dir)
 
     # 7. Prove it on gfx90a hosts, once per state they are left in. The smoke test is told the arch the probe saw:
     #    on a gfx90a host a GPU that cannot be used fails it (and no pass is recorded); never "passed" without one.
@@ -194,13 +204,13 @@ else:
         smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report, deployed=deployed,
                      current_state=probe["state"],
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
-                     target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"],
+                     target_python=data.target_python, state_dir=state_dir, host_arch=probe["gpu"]["arch"],
                      gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
     if not reinstalled and record_needed("deployed", deployed, probe["state"]):
         recorded(name="state: the deployed state is recorded", key="deployed", value=deployed,
-                 current_state=probe["state"], target_python=data.target_python, state_dir=data.state_dir)
+                 current_state=probe["state"], target_python=data.target_python, state_dir=state_dir)
 
     # 9. Benchmarks, only where the host data asks (bench_on_deploy; bench.py runs them on demand): after the smoke
     #    step, which must have passed in this run with its GPU checks, so that a figure is the proven ASM path's.
@@ -210,5 +220,5 @@ else:
                     skip_reason=deploy_skip_reason(probe["gpu"]["arch"], gpu_checks, reinstalled),
                     cases=host_cases(bench_plan["cases"], deployed),
                     site_packages=(probe["distributions"].get("amd-aiter") or {}).get("location"),
-                    target_python=data.target_python, state_dir=data.state_dir, host_arch=probe["gpu"]["arch"],
+                    target_python=data.target_python, state_dir=state_dir, host_arch=probe["gpu"]["arch"],
                     after_smoke_step=True)

@@ -11,8 +11,8 @@ never provisioned, or only half, gets only what it needs; a second rollback chan
 
 from pyinfra import host, inventory, state
 
-from cdna2.agent import agent_dir
-from cdna2.plan import sudo_refusal, target_env_error, with_data_arch
+from cdna2.login import write_access_refusal
+from cdna2.plan import shared_environment_refusal, sudo_refusal, target_env_error, with_data_arch
 from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
 from cdna2.rollback import plan_rollback
 from cdna2.translated import load_adaptations
@@ -20,7 +20,7 @@ from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
 from operations.agent import agent_installed, current_agent_bundle
 from operations.facts import host_probe
 from operations.images import is_container_target
-from operations.preflight import validate_inventory
+from operations.preflight import environment_claimed_by, probe_announced, validate_inventory
 from operations.report import RunRecorder
 from operations.rollback import rolled_back, stock_files_verified
 
@@ -32,16 +32,21 @@ PACKAGES = ["amd-aiter", "vllm"]
 validate_inventory(inventory)
 
 # 2. Probe: what this host holds of the deploy's work.
-probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
-                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir))
+probe = probe_announced(inventory, host.name, lambda: host_probe(
+    host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root))
 # The report's arch for an image built without a GPU.
 probe, _ = with_data_arch(probe, data.gpu_arch, is_container_target(host))
 summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
+state_dir = probe["state_dir"]["path"]  # host data's, else the login's default (cdna2/login.py)
 kernel_jit = sorted({pattern for adaptation in load_adaptations() for pattern in adaptation["invalidates"]})
 plan = plan_rollback(probe, probe["state_dir_used"], data.rollback_restore_triton, kernel_jit)
 if env_error and (not plan.empty or sudo_refusal(probe)):  # unprivileged, the probe may miss what there is to undo
     plan.problems.append(env_error)
+elif not plan.empty and write_access_refusal(probe):  # found before anything is undone, by path
+    plan.problems.append(write_access_refusal(probe))
+elif shared := shared_environment_refusal(probe, environment_claimed_by(inventory, host.name)):
+    plan.problems.append(shared)  # a shared environment is rolled back once, from its first host
 
 # 3. The pip action that restores triton, from the same sources the deploy used.
 triton = None
@@ -58,12 +63,12 @@ report.step(host.name, "rollback", status, "; ".join(plan.problems or plan.descr
 # 4. Undo, then prove: the agent in the state dir runs the undo steps and is removed with it.
 if not (plan.empty or plan.problems):
     agent_installed(name="agent: host-side modules are current", bundle=current_agent_bundle(),
-                    state_dir=data.state_dir, installed_digest=probe["agent"]["digest"],
+                    state_dir=state_dir, installed_digest=probe["agent"]["digest"],
                     target_python=data.target_python)
 rolled_back(name="rollback: AITER and vLLM are stock again", plan=plan, triton=triton,
-            target_python=data.target_python, state_dir=data.state_dir)
+            target_python=data.target_python, state_dir=state_dir)
 if not env_error:
     stock_files_verified(name="record: every AITER and vLLM file matches RECORD", report=report,
                          packages=PACKAGES, target_python=data.target_python, rocm_root=data.rocm_root,
-                         state_dir=data.state_dir,
+                         state_dir=state_dir,
                          patched={package: list(backup["files"]) for package, backup in probe["backups"].items()})

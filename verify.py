@@ -12,7 +12,6 @@ on any host changes; run the deploy to repair (a failed driver first).
 
 from pyinfra import host, inventory, state
 
-from cdna2.agent import agent_dir
 from cdna2.drift import checkout_changes, find_drift
 from cdna2.host.probe import checkout_path
 from cdna2.fp8_configs import with_config_targets
@@ -34,8 +33,7 @@ data = host.data
 validate_inventory(inventory)
 catalog, _ = load_data_files(data)
 
-probe = host_probe(host, target_python=data.target_python, rocm_root=data.rocm_root,
-                   state_dir=data.state_dir, agent_dir=agent_dir(data.state_dir),
+probe = host_probe(host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root,
                    patch_files=with_config_targets({package: catalog.target_files(package)
                                                     for package in catalog.packages()}, fp8_configs_of(data)),
                    record_check=catalog.packages(), known_contents=known_hashes())

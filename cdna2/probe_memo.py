@@ -19,6 +19,7 @@ from cdna2.host.probe import PROBE_FORMAT
 from cdna2.host.state import write_file_atomically
 
 _loaded: dict[str, dict] = {}
+_state_dirs: dict[str, str | None] = {}
 
 
 def _memo_path(host_name: str) -> Path:
@@ -34,14 +35,23 @@ def record_memo(host_name: str) -> dict:
             document = {}
         valid = document.get("format") == PROBE_FORMAT and document.get("host") == host_name
         _loaded[host_name] = document.get("records", {}) if valid else {}
+        _state_dirs[host_name] = document.get("state_dir") if valid else None
     return _loaded[host_name]
 
 
+def remembered_state_dir(host_name: str) -> str | None:
+    """The state directory the last probe of ``host_name`` reported (an unprivileged login's XDG one), or None."""
+    record_memo(host_name)
+    return _state_dirs.get(host_name)
+
+
 def remember_records(host_name: str, probe: dict) -> None:
-    """Keep what this probe of ``host_name`` reported of its RECORDs for the next one (written only on a change)."""
+    """Keep what this probe of ``host_name`` reported of its RECORDs and where its state directory is, for the next
+    one (written only on a change)."""
     records = {package: {"stat": found["stat"], "facts": found["facts"]}
                for package, found in probe.get("record_facts", {}).items() if found["stat"]}
-    if records != record_memo(host_name):
-        document = {"format": PROBE_FORMAT, "host": host_name, "records": records}
+    state_dir = (probe.get("state_dir") or {}).get("path")
+    if records != record_memo(host_name) or state_dir != remembered_state_dir(host_name):
+        document = {"format": PROBE_FORMAT, "host": host_name, "records": records, "state_dir": state_dir}
         write_file_atomically(_memo_path(host_name), json.dumps(document, sort_keys=True).encode("utf-8"))
-        _loaded[host_name] = records
+        _loaded[host_name], _state_dirs[host_name] = records, state_dir

@@ -39,8 +39,10 @@ PIN_KEYS = {"torch_version": "torch", "aiter_version": "amd-aiter", "vllm_versio
 BROKEN_TRITON = {"3.7.0": "dies with SIGSEGV in triton/knobs.py on AITER's import path"}
 # pip must see no configuration of the host's: its find-links and extra indexes would be sources outside the plan.
 PIP_ISOLATION = ("env", "PIP_CONFIG_FILE=/dev/null")
+# No cache: pip would keep one under the login's home, outside what the tool may write (operations/wheels.py puts
+# its temporary files in the state directory).
 PIP_INSTALL = ("-m", "pip", "install", "--isolated", "--no-input", "--disable-pip-version-check",
-               "--progress-bar", "off")
+               "--progress-bar", "off", "--no-cache-dir")
 
 
 class MatrixError(ValueError):

@@ -11,8 +11,10 @@ target_python = "/opt/venv/bin/python"
 # comes only as a Python wheel (rocm-sdk-core) is recognised from that wheel instead.
 rocm_root = "/opt/rocm"
 
-# The tool's own directory on the host: recorded state, backups of patched files, staging areas, the run lock.
-state_dir = "/var/lib/cdna2"
+# The tool's own directory on the host: recorded state, backups of patched files, staging areas, the run lock, the
+# agent. None: the login's default, found on the host by the probe: /var/lib/cdna2 for root (or through sudo), the
+# XDG state directory of an unprivileged login ($XDG_STATE_HOME/cdna2, else ~/.local/state/cdna2).
+state_dir = None
 
 # Install the translated gfx90a kernel tree on gfx90a hosts.
 translate_kernels = True

@@ -46,3 +46,18 @@ mi210_sudo = (
         "wheel_index_url": "http://mirror.cluster.internal/simple/",
     },
 )
+
+# Nodes reached as a plain user without root or sudo, who owns the Python environment (as on an HPC cluster; for a
+# Slurm allocation see inventory/slurm.py). The tool's state then lives in that user's XDG state directory
+# (~/.local/state/cdna2) unless state_dir says otherwise; nothing else outside the environment is written.
+mi210_user = (
+    [
+        ("mi210-node05", {"ssh_hostname": "10.20.0.15"}),
+    ],
+    {
+        "ssh_user": "alice",
+        "ssh_key": "~/.ssh/id_ed25519",
+        "ssh_strict_host_key_checking": "yes",
+        "target_python": "/home/alice/venvs/aiter/bin/python",
+    },
+)

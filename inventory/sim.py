@@ -13,7 +13,7 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # pyinfra executes this file without the repository on sys.path
     sys.path.insert(0, str(_REPO))
 
-from lab.labctl import LabPaths, host_alive, load_lab  # noqa: E402 (needs the path set above)
+from lab.labctl import USER_WHEELS, LabPaths, host_alive, load_lab  # noqa: E402 (needs the path set above)
 
 _GROUPS = ("mi210", "mi300x")
 
@@ -37,7 +37,8 @@ def _host_data(lab: dict, host: dict) -> dict:
         "ssh_hostname": host["address"],
         "ssh_port": host["port"],
         "ssh_user": lab["ssh"]["user"],
-        # A --login sudo lab: an unprivileged login, every command through sudo (as inventory/lab.py documents).
+        # A --login sudo lab: an unprivileged login, every command through sudo (as inventory/lab.py documents). A
+        # --login user lab: a plain user, no sudo; the state directory is then that user's XDG one (state_dir unset).
         **({"_sudo": True} if lab["ssh"].get("sudo") else {}),
         "ssh_key": lab["ssh"]["key"],
         "ssh_known_hosts_file": lab["ssh"]["known_hosts"],
@@ -47,7 +48,9 @@ def _host_data(lab: dict, host: dict) -> dict:
         # The lab's own package mirror (lab/mirror.py): its matrix covers the lab's stand-in ROCm versions and pip
         # installs from its find-links directory only (lab hosts see the controller's filesystem there).
         "wheel_matrix": str(Path(lab["lab_dir"]) / "mirror" / "wheel-matrix.yaml"),
-        "wheel_find_links": str(Path(lab["lab_dir"]) / "mirror" / "wheels"),
+        # A --login user lab's hosts read the wheels at USER_WHEELS (the mirror lies below root's home).
+        "wheel_find_links": (USER_WHEELS if lab.get("login") == "user"
+                             else str(Path(lab["lab_dir"]) / "mirror" / "wheels")),
         # The lab's GPUs are stand-ins (a scripted rocminfo, no device, no ROCm torch): on a gfx90a host the GPU
         # checks would fail, rightly, so they are declared off here and the report says so.
         "smoke_gpu_checks": False,

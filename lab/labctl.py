@@ -41,9 +41,14 @@ HOST_BASHRC = """# ~/.bashrc of a simulated lab host (written by lab/labctl.py):
 # /root/.bashrc is not read on lab hosts.
 """
 # A lab started with --login sudo is reached as an unprivileged user who may sudo without a password, as the README
-# offers real clusters; a second user, without sudo rights, is there to be refused. Both are this machine's users
-# (the hosts share its /etc), named after the lab directory so that labs side by side have their own.
-LOGINS = ("root", "sudo")
+# offers real clusters; a second user, without sudo rights, is there to be refused. A lab started with --login user
+# is reached as a plain user with neither root nor sudo, as on an HPC cluster: it owns each host's /opt/venv and
+# its home (its own per host), and can only read the root-owned ROCm stand-in. All are this machine's users (the
+# hosts share its /etc), named after the lab directory so that labs side by side have their own.
+LOGINS = ("root", "sudo", "user")
+# Where a --login user lab's hosts see the lab mirror's wheels: a hard-linked copy of them bound there read-only,
+# since the mirror itself lies below root's home (the cache), which that user cannot enter.
+USER_WHEELS = "/opt/cdna2-wheels"
 SUDOERS_DIR = Path("/etc/sudoers.d")
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
@@ -273,7 +278,7 @@ def ensure_client_key(paths: LabPaths) -> None:
 def ensure_controller_paths() -> None:
     """sshd's privilege-separation directory, and mount points for the hosts' binds (never removed: lab-notes)."""
     Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
-    for mount_point in HOST_BINDS:
+    for mount_point in (*HOST_BINDS, USER_WHEELS):
         Path(mount_point).mkdir(parents=True, exist_ok=True)
 
 
@@ -308,8 +313,10 @@ def _write_rocm_stand_in(rocm_dir: Path, kind: kinds.Kind) -> None:
     write_atomically(rocm_dir / "bin" / "rocminfo", kinds.rocminfo_script(kind), 0o755)
 
 
-def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost) -> None:
-    """Create what a host needs that is missing; a restarted host keeps its venv, state and /tmp."""
+def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None) -> None:
+    """Create what a host needs that is missing; a restarted host keeps its venv, state and /tmp. With
+    ``login_user`` (a --login user lab) the venv is a real copy that user owns, and the host has a home of its own
+    for that user (bound over /home/<user>) holding the lab's key."""
     host_dir = paths.host_dir(planned.name)
     host_dir.mkdir(parents=True, exist_ok=True)
     _ssh_keygen(_host_key(paths, planned.name), f"cdna2-lab-host-{planned.name}")
@@ -320,10 +327,40 @@ def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost) -> None:
     (host_dir / "tmp").mkdir(exist_ok=True)
     (host_dir / "tmp").chmod(0o1777)
     write_atomically(host_dir / HOST_FILE_BINDS["/root/.bashrc"], HOST_BASHRC)
-    venvs.provision_host_venv(planned.kind, host_dir / "venv", progress)
+    owner = None
+    if login_user is not None:
+        entry = pwd.getpwnam(login_user)
+        owner = (entry.pw_uid, entry.pw_gid)
+        _user_home(paths, host_dir / "home", owner)
+    venvs.provision_host_venv(planned.kind, host_dir / "venv", progress, owner=owner)
     if planned.kind.aiter_checkout:
         develop.install_checkout(planned.kind, host_dir, progress)
     write_atomically(host_dir / "sshd_config", sshd_config_text(paths, planned))
+
+
+def _user_home(paths: LabPaths, home: Path, owner: tuple[int, int]) -> None:
+    """A host's own home for the --login user lab's user: .ssh/authorized_keys with the lab's key, all theirs."""
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.chmod(0o755)
+    write_atomically(ssh_dir / "authorized_keys", paths.client_key.with_suffix(".pub").read_text(), 0o600)
+    for path in (home, ssh_dir, ssh_dir / "authorized_keys"):
+        os.chown(path, *owner)
+
+
+def user_wheels(paths: LabPaths) -> Path:
+    """A hard-linked copy of the lab mirror's wheels (the mirror's entries are symlinks into root's cache), for
+    the hosts of a --login user lab to read at USER_WHEELS. Made once per lab."""
+    copy = paths.root / "user-wheels"
+    if not copy.is_dir():
+        staging = paths.root / "user-wheels.staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        for wheel in sorted((paths.mirror / "wheels").iterdir()):
+            os.link(wheel.resolve(), staging / wheel.name)
+        staging.chmod(0o755)
+        staging.rename(copy)
+    return copy
 
 
 def _log_size(log: Path) -> int:
@@ -354,9 +391,12 @@ def host_binds(host_dir: Path) -> dict[str, str]:
     return {mount_point: str(host_dir / name) for mount_point, name in {**HOST_BINDS, **file_binds}.items()}
 
 
-def start_host(paths: LabPaths, planned: kinds.PlannedHost) -> dict:
+def start_host(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None) -> dict:
     host_dir = paths.host_dir(planned.name)
     binds = host_binds(host_dir)
+    if login_user is not None:  # a --login user lab: the user's home is the host's own, the wheels readable
+        binds[pwd.getpwnam(login_user).pw_dir] = str(host_dir / "home")
+        binds[USER_WHEELS] = str(user_wheels(paths))
     argv = ["unshare", "-m", "-u", "--propagation", "private", "--", "sh", "-c", HOST_ENTRY_SCRIPT, "sh",
             planned.name, str(host_dir / "sshd_config"), str(host_dir / "sshd.log"),
             *(arg for mount_point, source in binds.items() for arg in (source, mount_point))]
@@ -403,10 +443,12 @@ def host_alive(host: dict) -> bool:
     return is_lab_sshd(host["pid"], host["sshd_config"])
 
 
-def login_users(paths: LabPaths) -> dict[str, str]:
+def login_users(paths: LabPaths, login: str = "sudo") -> dict[str, str]:
     """The users of a --login sudo lab: ``sudo`` may run anything as root without a password, ``unprivileged``
-    may not."""
+    may not; of a --login user lab: ``user``, who has neither root nor sudo and owns each host's environment."""
     stem = f"cdna2-{hashlib.sha256(str(paths.root).encode()).hexdigest()[:8]}"
+    if login == "user":
+        return {"user": f"{stem}-user"}
     return {"sudo": stem, "unprivileged": f"{stem}-nosudo"}
 
 
@@ -414,11 +456,11 @@ def _sudoers_file(user: str) -> Path:
     return SUDOERS_DIR / user  # sudo skips names holding a dot; these have none
 
 
-def ensure_login_users(paths: LabPaths) -> dict[str, str]:
-    """Create the lab's login users (idempotent): a home with the lab's key, and sudo rights for one of them."""
-    if shutil.which("sudo") is None:
+def ensure_login_users(paths: LabPaths, login: str = "sudo") -> dict[str, str]:
+    """Create the lab's login users (idempotent): a home with the lab's key, and sudo rights for the ``sudo`` one."""
+    if login == "sudo" and shutil.which("sudo") is None:
         raise RuntimeError("--login sudo needs Debian's sudo on this machine: run bin/setup (it installs it)")
-    users = login_users(paths)
+    users = login_users(paths, login)
     public_key = paths.client_key.with_suffix(".pub").read_text()
     for role, user in users.items():
         try:
@@ -435,6 +477,8 @@ def ensure_login_users(paths: LabPaths) -> dict[str, str]:
         write_atomically(ssh_dir / "authorized_keys", public_key, 0o600)
         for path in (ssh_dir, ssh_dir / "authorized_keys"):
             os.chown(path, entry.pw_uid, entry.pw_gid)
+    if login != "sudo":
+        return users
     sudoers = _sudoers_file(users["sudo"])
     staged = sudoers.with_name(f".{sudoers.name}.staged")
     staged.write_text(f"# cdna2 lab login of {paths.root} (lab/labctl.py)\n"
@@ -446,7 +490,8 @@ def ensure_login_users(paths: LabPaths) -> dict[str, str]:
 
 
 def remove_login_users(users: dict[str, str]) -> None:
-    _sudoers_file(users["sudo"]).unlink(missing_ok=True)
+    if "sudo" in users:
+        _sudoers_file(users["sudo"]).unlink(missing_ok=True)
     for user in users.values():
         try:
             pwd.getpwnam(user)
@@ -460,6 +505,9 @@ def _new_lab(paths: LabPaths, subnet: str, login: str, aiter: str) -> dict:
     if login == "sudo":
         users = login_users(paths)
         ssh.update(user=users["sudo"], sudo=True, users=users)
+    elif login == "user":
+        users = login_users(paths, "user")
+        ssh.update(user=users["user"], users=users)
     return {
         "format": LAB_FORMAT,
         "lab_dir": str(paths.root),
@@ -508,8 +556,11 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
         paths.root.mkdir(parents=True, exist_ok=True)
         ensure_controller_paths()
         ensure_client_key(paths)
-        if lab["ssh"].get("sudo"):
-            ensure_login_users(paths)
+        if lab.get("login", "root") != "root":
+            ensure_login_users(paths, lab["login"])
+        login_user = lab["ssh"]["user"] if lab.get("login") == "user" else None
+        if login_user is not None:  # its hosts see the mirror's wheels from their start (user_wheels)
+            ensure_mirror(paths)
         recorded = {host["name"]: host for host in lab["hosts"]}
         for planned in kinds.plan_hosts(count, lab["subnet"], lab.get("aiter", "wheel")):
             host = recorded.get(planned.name)
@@ -518,16 +569,20 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
                 continue
             progress(f"{planned.name}: {'restarting' if host else 'creating'} ({planned.kind.key}, "
                      f"{planned.address}:{kinds.PORT})")
-            prepare_host_dir(paths, planned)
-            host = start_host(paths, planned)
+            prepare_host_dir(paths, planned, login_user)
+            host = start_host(paths, planned, login_user)
             _record(paths, lab, host)
             progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
         for extra in lab["hosts"][count:]:
             progress(f"{extra['name']}: beyond the {count} requested, left as it is (./lab/down stops all)")
-        if not (paths.mirror / "wheel-matrix.yaml").exists():
-            progress(f"building the lab's package mirror in {paths.mirror}")
-            mirror.build(paths.mirror)
+        ensure_mirror(paths)
         return lab
+
+
+def ensure_mirror(paths: LabPaths) -> None:
+    if not (paths.mirror / "wheel-matrix.yaml").exists():
+        progress(f"building the lab's package mirror in {paths.mirror}")
+        mirror.build(paths.mirror)
 
 
 def down(paths: LabPaths) -> dict:
@@ -636,9 +691,10 @@ def build_parser() -> argparse.ArgumentParser:
     up_parser.add_argument("count", nargs="?", type=int, default=3)
     up_parser.add_argument("--subnet", help=f"first three octets of the hosts' loopback addresses "
                                             f"(default {kinds.DEFAULT_SUBNET}; fixed once the lab exists)")
-    up_parser.add_argument("--login", choices=LOGINS, help="how the deploy logs in: root (default), or an "
-                                                        "unprivileged user with passwordless sudo (fixed once the "
-                                                        "lab exists)")
+    up_parser.add_argument("--login", choices=LOGINS, help="how the deploy logs in: root (default), an "
+                                                        "unprivileged user with passwordless sudo (sudo), or a "
+                                                        "plain user without root or sudo who owns the venv (user); "
+                                                        "fixed once the lab exists")
     up_parser.add_argument("--aiter", choices=kinds.AITER_MODES, help="wheel (default): the kinds' AITER wheel; "
                                                                    "develop: every host is kind mi210-develop, its "
                                                                    "AITER a git checkout in develop mode (fixed once "

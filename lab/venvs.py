@@ -132,14 +132,22 @@ def hard_link_copy(source: Path, destination: Path) -> None:
     subprocess.run(["cp", "-al", "--", str(source), str(destination)], check=True)
 
 
-def provision_host_venv(kind: Kind, destination: Path, progress: Progress) -> None:
-    """Give a host its own venv (a hard-linked copy of its kind's template), unless it already has one."""
+def provision_host_venv(kind: Kind, destination: Path, progress: Progress,
+                        owner: tuple[int, int] | None = None) -> None:
+    """Give a host its own venv (a hard-linked copy of its kind's template), unless it already has one. With
+    ``owner`` (uid, gid) it is a real copy that user owns, file by file: a chown through hard links would change
+    the template's files too."""
     if destination.exists():
         return
     template = template_for(kind, progress)
     staging = destination.with_name(destination.name + ".staging")
     shutil.rmtree(staging, ignore_errors=True)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    hard_link_copy(template, staging)
+    if owner is None:
+        hard_link_copy(template, staging)
+    else:
+        progress(f"copying the {kind.key} venv for its owner uid {owner[0]} (about 1.4 GB)")
+        subprocess.run(["cp", "-a", "--", str(template), str(staging)], check=True)
+        subprocess.run(["chown", "-R", "--no-dereference", f"{owner[0]}:{owner[1]}", "--", str(staging)], check=True)
     staging.rename(destination)
 

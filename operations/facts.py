@@ -10,6 +10,9 @@ from pyinfra.api import FactBase, Host, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 from typing_extensions import override
 
+from cdna2.agent import agent_dir
+from cdna2.login import expected_state_dir
+from cdna2.probe_memo import remembered_state_dir
 from operations.agent import agent_command
 
 PROBE_SOURCE = resources.files("cdna2").joinpath("host", "probe.py").read_text()
@@ -19,13 +22,14 @@ PROBE_SOURCE = resources.files("cdna2").joinpath("host", "probe.py").read_text()
 # (compiling 1,000 lines was a fifth of a provisioned host's probe). A login that cannot read the agent (sudo
 # refused) runs the inline copy. The cache is written even where PYTHONDONTWRITEBYTECODE is set (container images
 # often set it): it lives in this tool's own state directory.
-# argv: AGENT_DIR SOURCE OPTIONS [SUDO_REFUSAL].
+# argv: AGENT_DIR SOURCE OPTIONS [SUDO_REFUSAL]; AGENT_DIR is empty where the controller does not know the state
+# directory yet (an unprivileged login's default is found by the probe itself: the inline copy runs).
 PROBE_BOOTSTRAP = (
     "import os,sys\n"
     "agent,source=sys.argv[1:3]\n"
     "del sys.argv[1:3]\n"
     "try:\n"
-    " installed=open(agent+'/cdna2/host/probe.py','rb').read()\n"
+    " installed=open(agent+'/cdna2/host/probe.py','rb').read() if agent else b''\n"
     "except OSError:\n"
     " installed=b''\n"
     "if installed==os.fsencode(source):\n"
@@ -54,18 +58,18 @@ class HostProbe(FactBase[dict]):
     """
 
     @override
-    def command(self, target_python: str, rocm_root: str, state_dir: str, agent_dir: str,
+    def command(self, target_python: str, rocm_root: str, state_dir: str | None, agent_dir: str | None,
                 patch_files: dict[str, list[str]] | None = None, record_check: list[str] | None = None,
                 known_contents: list[str] | None = None, record_memo: dict | None = None, sudo: bool = False,
                 sudo_user: str | None = None) -> StringCommand:
         # known_contents, record_memo: what the controller holds already (cdna2/patches/contents.py,
         # cdna2/probe_memo.py), so a host that has not changed sends no file bytes and reads no RECORD.
         options = json.dumps({"target_python": target_python, "rocm_root": rocm_root, "state_dir": state_dir,
-                              "agent_dir": agent_dir, "patch_files": patch_files or {},
+                              "patch_files": patch_files or {},
                               "record_check": record_check or [], "known_contents": known_contents or [],
                               "record_memo": record_memo or {}}, sort_keys=True)
         # Fall back to python3 so a host without its target environment is reported, not failed mid-probe.
-        probe = StringCommand('"$P"', "-c", QuoteString(PROBE_BOOTSTRAP), QuoteString(agent_dir),
+        probe = StringCommand('"$P"', "-c", QuoteString(PROBE_BOOTSTRAP), QuoteString(agent_dir or ""),
                               QuoteString(PROBE_SOURCE), QuoteString(options))
         find_python = StringCommand("P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3;', _separator="")
         if not sudo:
@@ -73,10 +77,13 @@ class HostProbe(FactBase[dict]):
         # sudo ourselves (the fact runs with _sudo=False, see host_probe): a login that may not sudo without a
         # password is probed unprivileged and says so (``sudo_refused``), for the preflight to fail that host by
         # name, instead of pyinfra prompting for a password on the controller.
+        # The probe's text appears once: sshd hands the whole command line to the shell as one argument, which Linux
+        # caps at 128 KiB (MAX_ARG_STRLEN), and the quoted probe is over half of that (twice, it no longer fit).
         as_root = StringCommand("sudo", "-n", "-H", *(("-u", QuoteString(sudo_user)) if sudo_user else ()))
         return StringCommand(
-            find_python, "if", StringCommand("R=$(", as_root, " true 2>&1);", _separator=""), "then", as_root, probe,
-            ";", "else", probe, '"$R";', "fi",
+            find_python, "refused=;", "if", StringCommand("R=$(", as_root, " true 2>&1);", _separator=""),
+            "then", "set", "--", as_root, ";", "else", "set", "--", "env;", "refused=1;", "fi;",
+            '"$@"', probe, '${refused:+"$R"}',
         )
 
     @override
@@ -87,11 +94,17 @@ class HostProbe(FactBase[dict]):
             raise FactProcessError(f"host probe printed no JSON ({error}); first line: {output[:1]}") from error
 
 
-def host_probe(host: Host, **options: Any) -> dict[str, Any]:
+def host_probe(host: Host, state_dir: str | None, **options: Any) -> dict[str, Any]:
     """``host.get_fact(HostProbe, **options)``, through sudo when the host's data asks for it (``_sudo``,
-    ``_sudo_user``): the probe runs sudo itself, so that a refusal is reported in the probe, not prompted for."""
-    return host.get_fact(HostProbe, sudo=bool(host.data.get("_sudo")), sudo_user=host.data.get("_sudo_user"),
-                         _sudo=False, **options)
+    ``_sudo_user``): the probe runs sudo itself, so that a refusal is reported in the probe, not prompted for.
+
+    ``state_dir``: host data's (None: the login's default, which the probe finds on the host and reports as
+    ``probe["state_dir"]["path"]``; the installed agent's probe is used where the controller can tell the path
+    beforehand, see cdna2.login.expected_state_dir)."""
+    sudo = bool(host.data.get("_sudo"))
+    expected = expected_state_dir(state_dir, host.data.get("ssh_user"), sudo, remembered_state_dir(host.name))
+    return host.get_fact(HostProbe, sudo=sudo, sudo_user=host.data.get("_sudo_user"), _sudo=False,
+                         state_dir=state_dir, agent_dir=expected and agent_dir(expected), **options)
 
 
 class SmokeResult(FactBase[dict]):

@@ -25,12 +25,24 @@ _translation_locks: dict[tuple[str, object], threading.Lock] = {}
 _translations: dict[tuple[str, Policy], TranslatedTree] = {}
 
 
-def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
-    """Copy ``<hsa_root>/gfx942`` from ``source_host`` into a local archive (a temporary file on the host only)."""
-    made, output = source_host.run_shell_command(StringCommand("mktemp", "/tmp/cdna2-gfx942.XXXXXX"))
+# Prints the directories above and including $1 that do not exist yet, outermost first, then creates them: what
+# the fetch made is removed again after it, so a dry run leaves a host without a state directory without one.
+MISSING_DIRECTORIES = ('d=$1; missing=; while [ ! -e "$d" ]; do missing="$d $missing"; d=$(dirname "$d"); done; '
+                       'mkdir -p "$1" && echo "missing:$missing"')
+
+
+def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path, state_dir: str) -> None:
+    """Copy ``<hsa_root>/gfx942`` from ``source_host`` into a local archive, through a temporary file in the host's
+    ``<state_dir>/staging`` (the only place outside the environment the run writes), removed afterwards with any
+    directory made for it."""
+    staging = f"{state_dir}/staging"
+    made, output = source_host.run_shell_command(StringCommand(
+        "sh", "-c", QuoteString(MISSING_DIRECTORIES), "sh", QuoteString(staging), "&&",
+        "mktemp", "-p", QuoteString(staging), "cdna2-gfx942.XXXXXX"))
     if not made:
-        raise KernelSourceError(f"{source_host.name}: cannot create a temporary file: {output.stderr}")
-    remote = output.stdout.strip()
+        raise KernelSourceError(f"{source_host.name}: cannot create a temporary file in {staging}: {output.stderr}")
+    lines = output.stdout.strip().splitlines()
+    created, remote = lines[0].removeprefix("missing:").split(), lines[-1].strip()
     try:
         # Exit 1 is tar's "file changed as we read it": a link count or ctime moved under it (hard-linked
         # installs), not the content, which ensure_source checks against the RECORD digest anyway.
@@ -42,19 +54,20 @@ def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path) -> None:
         if not source_host.get_file(remote, str(archive)):
             raise KernelSourceError(f"{source_host.name}: download of {remote} failed")
     finally:
-        source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote)))
+        source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote), *(
+            ("&&", "rmdir", *(QuoteString(directory) for directory in reversed(created))) if created else ())))
 
 
 def translated_tree_for(source_host: Host, probe: dict, policy: Policy) -> TranslatedTree:
     """The translation of this host's gfx942 tree under its kernel ``policy``, from the controller's cache or made
-    now."""
+    now (fetched through the host's state directory, as the probe found it)."""
     digest = probe["aiter"]["gfx942_record_digest"]
     with _translation_locks.setdefault((digest, policy), threading.Lock()):
         if (digest, policy) not in _translations:
             cache = cache_root() / "kernels"
             with _translation_locks.setdefault((digest, ""), threading.Lock()):  # one fetch per source tree
                 source = ensure_source(cache, digest, lambda archive: fetch_gfx942_tree(
-                    source_host, probe["aiter"]["hsa_root"], archive),
+                    source_host, probe["aiter"]["hsa_root"], archive, probe["state_dir"]["path"]),
                     checkout=develop_checkout(probe["distributions"]["amd-aiter"]))
             _translations[digest, policy] = ensure_translation(
                 cache, digest, source, policy,

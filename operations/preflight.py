@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import cache
+
+import gevent
 from weakref import WeakKeyDictionary
 from typing import Callable
 
@@ -80,3 +83,52 @@ def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPl
             return error
 
     return catalog, wheel_plan_for
+
+
+@dataclass
+class _Environments:
+    """One run's view of its hosts' environments: whose probe is under way, the fingerprint each found, and the
+    host chosen to provision each fingerprint (fixed once chosen)."""
+
+    probing: set[str] = field(default_factory=set)
+    fingerprints: dict[str, str | None] = field(default_factory=dict)
+    writers: dict[str, str] = field(default_factory=dict)
+
+
+_environments: WeakKeyDictionary[Inventory, _Environments] = WeakKeyDictionary()
+
+
+def probe_announced(inventory: Inventory, host_name: str, probe_host: Callable[[], dict]) -> dict:
+    """``probe_host()``, with the environment fingerprint it found announced to the other hosts of the run, also
+    when it fails (as none): ``environment_claimed_by`` waits for the announcement of every probe under way."""
+    environments = _environments.setdefault(inventory, _Environments())
+    environments.probing.add(host_name)
+    probe = None
+    try:
+        probe = probe_host()
+        return probe
+    finally:
+        environments.fingerprints[host_name] = ((probe or {}).get("python") or {}).get("fingerprint")
+
+
+def environment_claimed_by(inventory: Inventory, host_name: str) -> str | None:
+    """The host of this run that provisions this host's target environment, or None: this host is that host, or
+    the environment is its own.
+
+    pyinfra runs the deploy file for the hosts at once (a greenlet each, as many at a time as ``--parallel``
+    allows), so this first waits, cooperatively, for every probe already under way; the host chosen is then the
+    first in inventory order among those that found this fingerprint, and stays chosen for the rest of the run.
+    With every host loaded at once (pyinfra's default) that is the first host in inventory order whatever order
+    the probes came back in; with fewer at a time, a host whose probe starts after the choice defers to it.
+    Either way exactly one host per environment is chosen. Hosts waiting for a pool slot are not waited for:
+    they cannot start while this one holds its slot.
+    """
+    environments = _environments.setdefault(inventory, _Environments())
+    while not environments.probing <= environments.fingerprints.keys():
+        gevent.sleep(0.02)
+    fingerprint = environments.fingerprints.get(host_name)
+    if not fingerprint:
+        return None
+    first = next(host.name for host in inventory if environments.fingerprints.get(host.name) == fingerprint)
+    writer = environments.writers.setdefault(fingerprint, first)
+    return None if writer == host_name else writer

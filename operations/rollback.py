@@ -5,7 +5,6 @@ from __future__ import annotations
 from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from cdna2.agent import agent_dir
 from cdna2.drift import checkout_changes
 from cdna2.report import FAILED, RunReport
 from cdna2.rollback import RollbackPlan
@@ -13,6 +12,7 @@ from cdna2.wheels import PipAction
 from operations.agent import agent_command, lease_command
 from operations.facts import host_probe
 from operations.util import fail_host_command
+from operations.wheels import pip_command, pip_temporary_dir
 
 
 @operation()
@@ -57,7 +57,8 @@ def rolled_back(plan: RollbackPlan, triton: PipAction | None, target_python: str
     if plan.jit_patterns:
         yield agent_command(target_python, state_dir, "jit", "--root", plan.site_packages, *plan.jit_patterns)
     if triton is not None:
-        yield StringCommand(*(QuoteString(arg) for arg in triton.argv))
+        yield StringCommand("mkdir", "-p", QuoteString(pip_temporary_dir(state_dir)))
+        yield pip_command(triton, state_dir)
     if plan.clear_state:
         # The state dir itself may be a mount point: empty it rather than remove it.
         yield StringCommand("find", QuoteString(state_dir), "-mindepth", "1", "-delete")
@@ -92,8 +93,7 @@ def stock_files_verified(report: RunReport, packages: list[str], target_python: 
     if not state.is_executing:
         host.noop("RECORD check runs after the rollback")
         return
-    probe = host_probe(host, target_python=target_python, rocm_root=rocm_root, state_dir=state_dir,
-                       agent_dir=agent_dir(state_dir), record_check=packages)
+    probe = host_probe(host, state_dir, target_python=target_python, rocm_root=rocm_root, record_check=packages)
     lines, bad = [], []
     for package, result in sorted(probe["record_check"].items()):
         if "git" in result:

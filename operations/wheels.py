@@ -7,7 +7,7 @@ from importlib import resources
 from pyinfra import host, logger
 from pyinfra.api import OperationTypeError, QuoteString, StringCommand, operation
 
-from cdna2.wheels import WheelPlan
+from cdna2.wheels import PipAction, WheelPlan
 from operations.agent import lease_command
 from operations.util import first_pass
 
@@ -31,7 +31,9 @@ def packages(plan: WheelPlan, state_dir: str):
         torch, amd-aiter, vLLM, and ``triton==3.7.1`` last: the plan lists only what differs from the probe's
         installed distributions, and triton whenever another triton is present or anything else is installed
         before it. Each pip command runs with ``PIP_CONFIG_FILE=/dev/null --isolated``, so the host's own pip
-        configuration cannot add a source (a mirror host installs from the mirror and from nowhere else).
+        configuration cannot add a source (a mirror host installs from the mirror and from nowhere else), with
+        ``--no-cache-dir`` and its temporary files in ``<state_dir>/tmp``: nothing is written outside the
+        environment and the state directory (an unprivileged login's home stays as it was).
 
     Proof:
         after the installs, ``cdna2/host/importcheck.py`` imports ``triton``, ``triton.runtime.autotuner`` and,
@@ -66,6 +68,19 @@ def packages(plan: WheelPlan, state_dir: str):
             logger.info(f"{host.print_prefix}wheels: {number}. {action.description}")
             logger.info(f"{host.print_prefix}wheels:    {StringCommand(*map(QuoteString, action.argv))}")
     yield lease_command(plan.python, state_dir)
+    yield StringCommand("mkdir", "-p", QuoteString(pip_temporary_dir(state_dir)))
     for action in plan.actions:
-        yield StringCommand(*(QuoteString(arg) for arg in action.argv))
+        yield pip_command(action, state_dir)
     yield import_check_command(plan.python)
+
+
+def pip_temporary_dir(state_dir: str) -> str:
+    return f"{state_dir}/tmp"
+
+
+def pip_command(action: PipAction, state_dir: str) -> StringCommand:
+    """``action``'s pip command with its temporary files in ``<state_dir>/tmp`` (pip keeps no cache: the argv says
+    --no-cache-dir), so pip writes nothing outside the environment and the state directory; that directory must
+    exist."""
+    return StringCommand("env", QuoteString(f"TMPDIR={pip_temporary_dir(state_dir)}"),
+                         *(QuoteString(arg) for arg in action.argv))

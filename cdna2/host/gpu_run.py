@@ -127,7 +127,7 @@ def gpu_child(args: list[str], run: GpuRun, timeout: float, module: str = "smoke
     The child's captured fd output goes to a file here, so what it printed before dying is still reported.
     """
     env = {**os.environ, **GPU_CHILD_ENV}
-    with tempfile.TemporaryDirectory(prefix="cdna2-smoke-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="cdna2-smoke-", dir=run.state_dir) as scratch:  # the tool's own dir
         capture_file = Path(scratch, "captured.log")
         command = [sys.executable, "-I", "-B", "-c", CHILD_BOOTSTRAP, str(AGENT_ROOT), module, *args]
         if args[0] == "run":

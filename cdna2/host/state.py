@@ -46,6 +46,13 @@ def _process_stat(pid: int) -> tuple[int, str] | None:
     return int(fields[1]), fields[19]
 
 
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def ssh_connection() -> dict[str, Any]:
     """What this command's run arrives through: the nearest sshd ancestor, with its start time (so that a recycled
     pid is never mistaken for it); in a container entered with ``docker exec`` (pyinfra's @docker connector), the
@@ -58,7 +65,9 @@ def ssh_connection() -> dict[str, Any]:
         try:
             executable = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
         except OSError:
-            executable = ""
+            # Not ours to read: an unprivileged login may not read the exe link of sshd's processes (root's, or
+            # its own session process, which sshd makes undumpable); their name in /proc/<pid>/comm is public.
+            executable = _process_name(pid)
         if executable in SSHD_EXECUTABLES:
             return {"pid": pid, "start": stat[1]}
         if stat[0] == 0:  # started from outside this pid namespace, not by its init: docker exec

@@ -48,3 +48,35 @@ def test_a_stale_or_unreadable_agent_probe_is_not_run(tmp_path: Path) -> None:
     assert "stale" not in found and found["errors"] is not None
     assert not (agent / "cdna2" / "host" / "__pycache__").exists()
     assert "stale" not in run_fact_command(tmp_path, tmp_path / "no-agent")
+
+
+STAND_IN_SUDO = """#!/bin/sh
+# STAND-IN for sudo (tests/unit/operations/test_probe_fact.py): refuses like sudo -n without NOPASSWD, or runs the
+# command as this same user, as passwordless sudo would as root.
+[ -e "$(dirname "$0")/refuse" ] && { echo "sudo: a password is required" >&2; exit 1; }
+while [ "${1#-}" != "$1" ]; do shift; done
+exec "$@"
+"""
+
+
+def run_sudo_fact_command(tmp_path: Path, refuse: bool) -> dict:
+    bin_dir = tmp_path / "sudo-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sudo").write_text(STAND_IN_SUDO)
+    (bin_dir / "sudo").chmod(0o755)
+    (bin_dir / "refuse").unlink(missing_ok=True)
+    if refuse:
+        (bin_dir / "refuse").touch()
+    command = HostProbe().command(target_python=sys.executable, rocm_root=str(tmp_path / "rocm"),
+                                  state_dir=str(tmp_path / "state"), agent_dir=None, sudo=True).get_raw_value()
+    assert command.count("def probe(options") == 1, "the probe's text is sent once"
+    assert len(command.encode()) < 128 * 1024, "sshd's shell gets the command as one argument: 128 KiB at most"
+    result = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    return json.loads(result.stdout)
+
+
+def test_through_sudo_the_probe_runs_as_root_or_says_what_sudo_refused(tmp_path: Path) -> None:
+    assert run_sudo_fact_command(tmp_path, refuse=False)["sudo_refused"] is None
+    refused = run_sudo_fact_command(tmp_path, refuse=True)["sudo_refused"]
+    assert refused["error"] == "sudo: a password is required", refused

@@ -55,11 +55,12 @@ def test_triton_370_host_gets_one_pip_command_then_the_import_check(lab):
     assert meta.will_change
     run_ops(state)
     commands = hosts["a"].connector.executed_commands
-    assert len(commands) == 3, commands
+    assert len(commands) == 4, commands
     assert "cdna2.host.state lease --state-dir /var/lib/cdna2" in commands[0], "the run lease comes before pip"
-    assert shlex.split(commands[1]) == list(plan.actions[0].argv)
-    assert shlex.split(commands[1])[-1] == "triton==3.7.1"
-    assert IMPORT_CHECK.match(commands[2]) and "Prove that triton" in commands[2]
+    assert shlex.split(commands[1]) == ["mkdir", "-p", "/var/lib/cdna2/tmp"], "pip's temporary directory"
+    assert shlex.split(commands[2]) == ["env", "TMPDIR=/var/lib/cdna2/tmp", *plan.actions[0].argv]
+    assert "--no-cache-dir" in plan.actions[0].argv and plan.actions[0].argv[-1] == "triton==3.7.1"
+    assert IMPORT_CHECK.match(commands[3]) and "Prove that triton" in commands[3]
     assert meta.did_change() and not state.failed_hosts
 
 
@@ -82,7 +83,7 @@ def test_failed_import_check_fails_the_host(lab):
     add_op(state, wheels.packages, plan=plan, state_dir=STATE_DIR, host=[hosts["a"]])
     run_ops(state)
     assert hosts["a"] in state.failed_hosts
-    assert len(hosts["a"].connector.executed_commands) == 3
+    assert len(hosts["a"].connector.executed_commands) == 4
 
 
 def test_dry_run_logs_exactly_the_pip_commands_of_each_host(lab, caplog):

@@ -17,7 +17,7 @@ from cdna2.wheels import (DEFAULT_MATRIX_PATH, Matrix, WheelPlanError, load_matr
 REPO = Path(__file__).resolve().parents[3]
 PYTHON = "/opt/venv/bin/python"
 ISOLATED_PIP = ["env", "PIP_CONFIG_FILE=/dev/null", PYTHON, "-m", "pip", "install", "--isolated", "--no-input",
-                "--disable-pip-version-check", "--progress-bar", "off"]
+                "--disable-pip-version-check", "--progress-bar", "off", "--no-cache-dir"]
 PYPI = "https://pypi.org/simple"
 
 
