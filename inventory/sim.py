@@ -13,7 +13,9 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # pyinfra executes this file without the repository on sys.path
     sys.path.insert(0, str(_REPO))
 
-from lab.labctl import USER_WHEELS, LabPaths, host_alive, load_lab  # noqa: E402 (needs the path set above)
+from lab.hosts import USER_WHEELS  # noqa: E402 (needs the path set above)
+from lab.labctl import host_alive  # noqa: E402
+from lab.labstate import LabPaths, load_lab  # noqa: E402
 
 _GROUPS = ("mi210", "mi300x")
 

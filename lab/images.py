@@ -27,7 +27,7 @@ from pathlib import Path
 from cdna2.containers import Engine
 from lab import kinds, mirror, venvs, wheelhouse
 from lab.engine import EngineUnavailable
-from lab.labctl import progress, write_atomically
+from lab.labstate import progress, write_atomically
 
 SUITE, VARIANT, INCLUDE = "bookworm", "apt", "python3"
 KIND = kinds.kind_by_key("mi210-rocm7")

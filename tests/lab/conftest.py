@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from lab import kinds, wheelhouse
-from lab.labctl import REPO, LabPaths, host_alive, load_lab
+from lab.labctl import host_alive
+from lab.labstate import REPO, LabPaths, load_lab
 
 LAB_COMMANDS = REPO / "lab"
 DEFAULT_HOSTS = 3

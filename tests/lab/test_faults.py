@@ -29,7 +29,7 @@ import pytest
 
 from cdna2.host.probe import file_sha256, tree_digest
 from lab import kinds, wheelhouse
-from lab.labctl import descendants, namespace_processes, stop_host
+from lab.processes import descendants, namespace_processes, stop_host
 from tests.lab.conftest import run_lab_command
 from tests.lab.deploy_runner import PYINFRA, REPO, host_snapshot, run_pyinfra, site_packages, ssh
 

@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from lab import kinds, venvs, wheelhouse
-from lab.labctl import HOST_BASHRC, REPO, host_alive, process_state, ssh_argv
+from lab.hosts import HOST_BASHRC
+from lab.labctl import host_alive, ssh_argv
+from lab.labstate import REPO
+from lab.processes import process_state
 
 pytestmark = pytest.mark.lab
 

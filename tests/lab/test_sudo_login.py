@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.labctl import SUDOERS_DIR
+from lab.logins import SUDOERS_DIR
 from tests.lab.conftest import one_host_lab, run_lab_command
 from tests.lab.deploy_runner import host_snapshot, run_pyinfra
 
