@@ -13,7 +13,7 @@ on any host changes; run the deploy to repair (a failed driver first).
 from pyinfra import host, inventory, state
 
 from cdna2.drift import checkout_changes, find_drift
-from cdna2.host.probe import checkout_path
+from cdna2.host.checkouts import checkout_path
 from cdna2.fp8_configs import with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once

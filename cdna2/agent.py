@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.archive import tree_archive
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 

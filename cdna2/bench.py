@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from cdna2.bench_report import BenchReport
-from cdna2.host import probe as host_probe
 from cdna2.host import state as host_state
+from cdna2.host.gpus import KFD_TOPOLOGY, read_gpus
 from cdna2.plan import hidden_gpu_refusal
 from cdna2.schema import first_violation, load_yaml
 from cdna2.smoke_proof import recorded_proof
@@ -127,7 +127,7 @@ def bench_cmd(args: argparse.Namespace) -> int:
         print(error, file=sys.stderr)
         return 2
     errors: list[str] = []
-    gpus = host_probe.read_gpus(args.rocm_root, host_probe.KFD_TOPOLOGY, errors)
+    gpus = read_gpus(args.rocm_root, KFD_TOPOLOGY, errors)
     arch = gpus["arch"]
     try:
         tool_state = host_state.read_state(Path(args.state_dir))

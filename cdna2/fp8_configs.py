@@ -20,7 +20,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from cdna2.host.probe import record_hash
+from cdna2.host.digests import record_hash
 from cdna2.patches.planner import FileChange, PackagePlan, sha256_hex
 from cdna2.schema import first_violation
 

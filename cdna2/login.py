@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdna2.host.probe import ROOT_STATE_DIR
+from cdna2.host.environment import ROOT_STATE_DIR
 
 
 def expected_state_dir(state_dir: str | None, ssh_user: str | None, sudo: bool, remembered: str | None) -> str | None:

@@ -25,7 +25,7 @@ from typing import Callable
 from cdna2.archive import tree_archive
 from cdna2.cache import cache_lock
 from cdna2.host.kernels import safe_extract
-from cdna2.host.probe import file_sha256, git_hash_field, record_hash, tree_digest
+from cdna2.host.digests import file_sha256, git_hash_field, record_hash, tree_digest
 from cdna2.kernels import Policy, cache_key, find_llvm
 from cdna2.kernels.hazard_rules import AUDIT_VERSION, VERDICTS
 from cdna2.host.state import write_file_atomically

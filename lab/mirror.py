@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlparse
 import yaml
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from cdna2.host.probe import file_sha256
+from cdna2.host.digests import file_sha256
 from lab import kinds, wheelhouse
 
 REPO = Path(__file__).resolve().parent.parent

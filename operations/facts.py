@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from importlib import resources
 from typing import Any
 
 from pyinfra.api import FactBase, Host, QuoteString, StringCommand
@@ -12,34 +11,9 @@ from typing_extensions import override
 
 from cdna2.agent import agent_dir
 from cdna2.login import expected_state_dir
+from cdna2.probe_payload import PROBE_BOOTSTRAP, PROBE_PAYLOAD
 from cdna2.probe_memo import remembered_state_dir
 from operations.agent import agent_command
-
-PROBE_SOURCE = resources.files("cdna2").joinpath("host", "probe.py").read_text()
-
-# Runs the installed agent's probe when it is this very source (compared byte for byte: os.fsencode undoes the
-# decoding of argv), else the source sent inline: the agent's copy is imported, so its bytecode is cached beside it
-# (compiling 1,000 lines was a fifth of a provisioned host's probe). A login that cannot read the agent (sudo
-# refused) runs the inline copy. The cache is written even where PYTHONDONTWRITEBYTECODE is set (container images
-# often set it): it lives in this tool's own state directory.
-# argv: AGENT_DIR SOURCE OPTIONS [SUDO_REFUSAL]; AGENT_DIR is empty where the controller does not know the state
-# directory yet (an unprivileged login's default is found by the probe itself: the inline copy runs).
-PROBE_BOOTSTRAP = (
-    "import os,sys\n"
-    "agent,source=sys.argv[1:3]\n"
-    "del sys.argv[1:3]\n"
-    "try:\n"
-    " installed=open(agent+'/cdna2/host/probe.py','rb').read() if agent else b''\n"
-    "except OSError:\n"
-    " installed=b''\n"
-    "if installed==os.fsencode(source):\n"
-    " sys.path.insert(0,agent)\n"
-    " sys.dont_write_bytecode=False\n"
-    " from cdna2.host.probe import main\n"
-    " sys.exit(main(sys.argv))\n"
-    "exec(compile(source,'probe.py','exec'),{'__name__':'__main__'})\n"
-)
-
 
 class HostProbe(FactBase[dict]):
     """
@@ -70,7 +44,7 @@ class HostProbe(FactBase[dict]):
                               "record_memo": record_memo or {}}, sort_keys=True)
         # Fall back to python3 so a host without its target environment is reported, not failed mid-probe.
         probe = StringCommand('"$P"', "-c", QuoteString(PROBE_BOOTSTRAP), QuoteString(agent_dir or ""),
-                              QuoteString(PROBE_SOURCE), QuoteString(options))
+                              QuoteString(PROBE_PAYLOAD), QuoteString(options))
         find_python = StringCommand("P=", QuoteString(target_python), '; [ -x "$P" ] || P=python3;', _separator="")
         if not sudo:
             return StringCommand(find_python, probe)

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root
 from cdna2.host import txn
-from cdna2.host.probe import checkout_path, record_hash
+from cdna2.host.checkouts import checkout_path
+from cdna2.host.digests import record_hash
 from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package

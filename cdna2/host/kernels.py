@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from cdna2.host.cli import finish
-from cdna2.host.probe import file_sha256, tree_digest, tree_stat_signature
+from cdna2.host.digests import file_sha256, tree_digest, tree_stat_signature
 from cdna2.host.state import host_lock, update_state
 
 STATE_KEY = "kernels"

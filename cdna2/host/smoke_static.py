@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from cdna2.host import elf, importcheck, jit, probe, state
+from cdna2.host.checkouts import read_develop_aiter
+from cdna2.host.digests import file_sha256
+from cdna2.host.distributions import read_aiter, read_distributions, read_records, record_mismatches
 from cdna2.host import manifest as kernel_manifest
 
 PASSED, FAILED, SKIPPED, WRONG = "passed", "failed", "skipped", "wrong"
@@ -60,7 +63,7 @@ class Transaction:
         """Per file of the transaction: ``patched`` or what it is instead (each file hashed once per smoke test)."""
         states = {}
         for relative, hashes in sorted(self.record["files"].items()):
-            current = probe.file_sha256(self.root / relative)
+            current = file_sha256(self.root / relative)
             if hashes["patched_sha256"] is None:
                 states[relative] = "its patch never finished"
             elif current == hashes["patched_sha256"]:
@@ -112,10 +115,10 @@ def read_transactions(state_dir: Path, errors: list[str]) -> list[Transaction]:
 def read_host(site_packages: Path, state_dir: Path) -> HostView:
     """Everything the static checks look at, read once (call inside ``searched_first``)."""
     errors: list[str] = []
-    distributions = probe.read_distributions(errors)
-    records = probe.read_records(distributions, errors)
-    aiter = probe.read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors,
-                             facts=probe.read_develop_aiter(distributions, ()))
+    distributions = read_distributions(errors)
+    records = read_records(distributions, errors)
+    aiter = read_aiter(distributions.get("amd-aiter"), records.get("amd-aiter", ""), errors,
+                       facts=read_develop_aiter(distributions, ()))
     try:
         tool_state = state.read_state(state_dir)
     except (OSError, ValueError) as error:
@@ -271,7 +274,7 @@ def check_record(view: HostView) -> dict:
             checkouts.append(f"{package} is a develop checkout ({dist['location']}): git HEAD is its oracle, and "
                              f"its patched files are checked by patch_sets_applied")
             continue
-        found = probe.record_mismatches(Path(dist["location"]), view.records[package],
+        found = record_mismatches(Path(dist["location"]), view.records[package],
                                         skip_paths=touched.get(package, set()))
         mismatches.extend(f"{package}: {path} (changed)" for path in found["mismatched"])
         mismatches.extend(f"{package}: {path} (missing)" for path in found["missing"])

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from cdna2.host.cli import finish
-from cdna2.host.probe import file_sha256, installed_version
+from cdna2.host.digests import file_sha256
+from cdna2.host.distributions import installed_version
 from cdna2.host.state import fsync_directory, write_file_atomically
 
 STATE = "state.json"

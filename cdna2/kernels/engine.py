@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from cdna2.host import manifest
-from cdna2.host.probe import regular_files, tree_digest
+from cdna2.host.digests import regular_files, tree_digest
 from cdna2.kernels import batching, edits, hazard_rules, hazards, judge, llvm, report, workers
 from cdna2.kernels.analysis import Analysis
 from cdna2.kernels.policy import Policy

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from cdna2.cache import code_digest
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 from cdna2.kernels import edits, hazard_rules, llvm
 from cdna2.kernels.policy import Policy
 

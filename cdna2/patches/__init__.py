@@ -4,7 +4,7 @@
 hashes a host reported, what to write there. The host side (``cdna2.host.txn``, ``cdna2.host.jit``) executes it.
 """
 
-from cdna2.host.probe import record_hash
+from cdna2.host.digests import record_hash
 from cdna2.patches.catalog import Catalog, PatchDataError, PatchSet, Site, Variant, load_catalog
 from cdna2.patches.plan_memo import plan_package_once
 from cdna2.patches.planner import FileChange, PackagePlan, SiteState, plan_package, sha256_hex

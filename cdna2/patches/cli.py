@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from cdna2.host import jit, txn
-from cdna2.host.probe import canonical_name, read_core_metadata, record_entries
+from cdna2.host.distributions import canonical_name, read_core_metadata, record_entries
 from cdna2.patches.catalog import Catalog, PatchDataError, load_catalog
 from cdna2.patches.planner import PackagePlan, plan_package
 

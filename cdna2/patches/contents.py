@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from cdna2.cache import cache_root
-from cdna2.host.probe import file_content, record_hash
+from cdna2.host.digests import record_hash
+from cdna2.host.distributions import file_content
 from cdna2.host.state import write_file_atomically
 
 # The most recently used hashes go into the probe's options: enough for many package versions at once, and far

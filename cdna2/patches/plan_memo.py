@@ -25,7 +25,7 @@ from functools import cache
 from pathlib import Path
 
 from cdna2.cache import cache_root, code_digest
-from cdna2.host import probe
+from cdna2.host import checkouts, digests
 from cdna2.host.state import write_file_atomically
 from cdna2.patches import audit, catalog as catalog_module, matching, planner
 from cdna2.patches.catalog import Catalog
@@ -41,7 +41,7 @@ _plans: dict[tuple, tuple[Catalog, PackagePlan]] = {}
 
 @cache
 def _planner_code() -> str:
-    return code_digest((planner, matching, audit, catalog_module, probe))
+    return code_digest((planner, matching, audit, catalog_module, checkouts, digests))
 
 
 def _stored_path(catalog: Catalog, inputs: tuple) -> Path | None:

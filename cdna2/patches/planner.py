@@ -14,7 +14,8 @@ import itertools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from cdna2.host.probe import checkout_path, hash_like
+from cdna2.host.checkouts import checkout_path
+from cdna2.host.digests import hash_like
 from cdna2.patches import matching
 from cdna2.patches.audit import audit
 from cdna2.patches.catalog import Catalog, Condition, PatchSet, Site, Variant

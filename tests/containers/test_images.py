@@ -24,7 +24,7 @@ INSPECT_SCRIPT = """
 import json, sys, sysconfig
 from importlib import metadata
 from pathlib import Path
-from cdna2.host.probe import file_sha256, tree_digest
+from cdna2.host.digests import file_sha256, tree_digest
 site = Path(sysconfig.get_paths()["purelib"])
 patched = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 hsa = site / "aiter_meta" / "hsa" / "gfx90a"
@@ -44,7 +44,7 @@ RECORD_SCRIPT = """
 import json, sysconfig
 from importlib import metadata
 from pathlib import Path
-from cdna2.host.probe import record_mismatches
+from cdna2.host.distributions import record_mismatches
 site = Path(sysconfig.get_paths()["purelib"])
 result = {}
 for name in ("amd-aiter", "vllm"):

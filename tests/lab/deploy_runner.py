@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 from lab.labctl import ssh_argv
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ from typing import Iterator
 
 import pytest
 
-from cdna2.host.probe import file_sha256, tree_digest
+from cdna2.host.digests import file_sha256, tree_digest
 from lab import kinds, wheelhouse
 from lab.processes import descendants, namespace_processes, stop_host
 from tests.lab.conftest import run_lab_command

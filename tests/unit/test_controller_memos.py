@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cdna2 import probe_memo
-from cdna2.host.probe import PROBE_FORMAT, record_hash
+from cdna2.host.digests import record_hash
+from cdna2.host.probe import PROBE_FORMAT
 from cdna2.patches import contents
 from cdna2.patches.contents import TargetContentError, known_hashes, target_files
 

@@ -14,7 +14,7 @@ import pytest
 
 from cdna2.archive import tree_archive
 from cdna2.host import kernels
-from cdna2.host.probe import tree_digest, tree_stat_signature
+from cdna2.host.digests import tree_digest, tree_stat_signature
 from cdna2.host.state import read_state
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import probe
+from cdna2.host import environment, probe
 from cdna2.login import expected_state_dir, write_access_refusal
-from tests.unit.test_probe import PROBE_SCRIPT, write_distribution
+from tests.unit.test_probe import PROBE_ARGV, write_distribution
 
 NOBODY = pwd.getpwnam("nobody")
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
@@ -28,13 +28,13 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is 
 
 
 def test_the_default_state_dir_is_roots_or_the_logins_xdg_state_dir() -> None:
-    assert probe.default_state_dir(0, {"HOME": "/root"}) == ("/var/lib/cdna2", "the default for root")
-    path, source = probe.default_state_dir(NOBODY.pw_uid, {"HOME": "/home/u", "XDG_STATE_HOME": "/scratch/u/st"})
+    assert environment.default_state_dir(0, {"HOME": "/root"}) == ("/var/lib/cdna2", "the default for root")
+    path, source = environment.default_state_dir(NOBODY.pw_uid, {"HOME": "/home/u", "XDG_STATE_HOME": "/scratch/u/st"})
     assert (path, source) == ("/scratch/u/st/cdna2", "$XDG_STATE_HOME of nobody")
     # The XDG spec: a relative XDG_STATE_HOME is invalid and ignored.
-    assert probe.default_state_dir(NOBODY.pw_uid, {"HOME": "/home/u", "XDG_STATE_HOME": "st"})[0] == \
+    assert environment.default_state_dir(NOBODY.pw_uid, {"HOME": "/home/u", "XDG_STATE_HOME": "st"})[0] == \
         "/home/u/.local/state/cdna2"
-    assert probe.default_state_dir(NOBODY.pw_uid, {})[0] == f"{NOBODY.pw_dir}/.local/state/cdna2", \
+    assert environment.default_state_dir(NOBODY.pw_uid, {})[0] == f"{NOBODY.pw_dir}/.local/state/cdna2", \
         "without HOME the home comes from the password database"
 
 
@@ -81,7 +81,7 @@ def probe_as_nobody(root: Path, read_only: Path | None = None, **overrides) -> d
                **overrides}
     env = {"PATH": os.environ["PATH"], "HOME": str(root / "home")}
     as_nobody = ["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups",
-                 python, "-c", PROBE_SCRIPT.read_text(), json.dumps(options)]
+                 python, *PROBE_ARGV, json.dumps(options)]
     if read_only is not None:
         as_nobody = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                      'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"', "sh",
@@ -149,9 +149,9 @@ def test_an_environment_has_one_fingerprint_at_every_path_it_is_seen_and_a_copy_
     shutil.copytree(env, copy)
     link = tmp_path / "link"
     link.symlink_to(env)  # the same directory under another name, as a second mount of it would be
-    assert probe.environment_fingerprint(str(env)) == probe.environment_fingerprint(str(link)) is not None
-    assert probe.environment_fingerprint(str(copy)) != probe.environment_fingerprint(str(env))
-    assert probe.environment_fingerprint(str(tmp_path / "absent")) is None
+    assert environment.environment_fingerprint(str(env)) == environment.environment_fingerprint(str(link)) is not None
+    assert environment.environment_fingerprint(str(copy)) != environment.environment_fingerprint(str(env))
+    assert environment.environment_fingerprint(str(tmp_path / "absent")) is None
 
 
 def test_the_first_host_in_inventory_order_claims_an_environment_whatever_order_the_probes_came_in() -> None:
@@ -213,10 +213,10 @@ def test_the_filesystem_type_is_that_of_the_longest_mount_point_above(tmp_path: 
         "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
         "40 22 0:52 / /project rw,relatime shared:20 - nfs4 fs1:/project rw,vers=4.2\n"
         "41 40 0:53 / /project/scratch rw shared:21 - lustre 10.0.0.1@o2ib:/scratch rw,flock\n")
-    assert probe.filesystem_type("/project/g1/venv", str(mountinfo)) == "nfs4"
-    assert probe.filesystem_type("/project/scratch/alice/env", str(mountinfo)) == "lustre"
-    assert probe.filesystem_type("/projectx/venv", str(mountinfo)) == "ext4", "a prefix of the name is no mount"
-    assert probe.filesystem_type("/opt/venv", str(tmp_path / "absent")) is None
+    assert environment.filesystem_type("/project/g1/venv", str(mountinfo)) == "nfs4"
+    assert environment.filesystem_type("/project/scratch/alice/env", str(mountinfo)) == "lustre"
+    assert environment.filesystem_type("/projectx/venv", str(mountinfo)) == "ext4", "a prefix of the name is no mount"
+    assert environment.filesystem_type("/opt/venv", str(tmp_path / "absent")) is None
 
 
 def test_with_one_host_loaded_at_a_time_the_first_to_decide_keeps_the_environment() -> None:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import probe
+from cdna2.host import checkouts, digests, distributions, gpus, jsontext, probe, programs
+from cdna2.probe_payload import PROBE_BOOTSTRAP, PROBE_PAYLOAD
 
 FIXTURES = Path(__file__).parent / "fixtures"
-PROBE_SCRIPT = Path(probe.__file__)
+# The probe as the deploy runs it: the bootstrap, no agent, the payload (then the options).
+PROBE_ARGV = ["-c", PROBE_BOOTSTRAP, "", PROBE_PAYLOAD]
 
 
 def write_distribution(site: Path, name: str, version: str, files: dict[str, bytes]) -> None:
@@ -34,7 +36,7 @@ def write_distribution(site: Path, name: str, version: str, files: dict[str, byt
         path = site / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        rows.append([rel, probe.record_hash(data), str(len(data))])
+        rows.append([rel, digests.record_hash(data), str(len(data))])
     rows.append([f"{dist_info.name}/RECORD", "", ""])
     with open(dist_info / "RECORD", "w", newline="") as stream:
         csv.writer(stream).writerows(rows)  # as pip writes it: a path with a comma is quoted
@@ -72,7 +74,7 @@ def run_probe(root: Path, python_path: str | None = None, **overrides) -> dict:
                "kfd_topology": str(root / "kfd"), **overrides}
     env = dict(os.environ, PYTHONPATH=python_path or str(root / "site-packages"))
     # Run the file's text with -c, as the HostProbe fact does on a host without a current agent.
-    result = subprocess.run([sys.executable, "-c", PROBE_SCRIPT.read_text(), json.dumps(options)],
+    result = subprocess.run([sys.executable, *PROBE_ARGV, json.dumps(options)],
                             capture_output=True, text=True, env=env, check=True)
     return json.loads(result.stdout)
 
@@ -140,7 +142,7 @@ def test_distributions_from_metadata_and_kernel_tree_digests(host_root: Path) ->
     aiter = found["aiter"]
     assert aiter["hsa_root"] == str(site / "aiter_meta/hsa")
     assert aiter["gfx942_record_files"] == 2, "only the gfx942 subtree counts, not gfx950"
-    assert aiter["gfx942_record_digest"] == probe.tree_digest(site / "aiter_meta/hsa/gfx942"), \
+    assert aiter["gfx942_record_digest"] == digests.tree_digest(site / "aiter_meta/hsa/gfx942"), \
         "the RECORD digest must equal the digest of the same tree read from disk"
     assert aiter["gfx90a_digest"] is None
 
@@ -199,7 +201,7 @@ def test_gfx90a_tree_digest_and_tampering(host_root: Path) -> None:
     gfx90a.mkdir(parents=True)
     (gfx90a / "pa_a.co").write_bytes(b"translated")
     first = run_probe(host_root)["aiter"]
-    assert first["gfx90a_files"] == 1 and first["gfx90a_digest"] == probe.tree_digest(gfx90a.parent)
+    assert first["gfx90a_files"] == 1 and first["gfx90a_digest"] == digests.tree_digest(gfx90a.parent)
     (gfx90a / "pa_a.co").write_bytes(b"tampered!!")
     assert run_probe(host_root)["aiter"]["gfx90a_digest"] != first["gfx90a_digest"]
 
@@ -210,8 +212,8 @@ def test_patch_targets_carry_content_and_both_hashes(host_root: Path) -> None:
     found = run_probe(host_root, patch_files={"amd-aiter": ["aiter/jit/core.py", "aiter/missing.py"],
                                               "vllm": ["vllm/_aiter_ops.py"]})
     entry = found["patch_targets"]["amd-aiter"]["files"]["aiter/jit/core.py"]
-    assert entry["record"] == probe.record_hash(b"GFX = 'gfx942'\n")
-    assert entry["current"] == probe.record_hash(b"GFX = 'gfx90a'\n")
+    assert entry["record"] == digests.record_hash(b"GFX = 'gfx942'\n")
+    assert entry["current"] == digests.record_hash(b"GFX = 'gfx90a'\n")
     assert zlib.decompress(base64.b64decode(entry["content"])) == b"GFX = 'gfx90a'\n"
     assert found["patch_targets"]["amd-aiter"]["files"]["aiter/missing.py"] is None
     assert "vllm" not in found["patch_targets"], "a package that is not installed has no targets"
@@ -221,14 +223,14 @@ def test_record_rows_by_prefix_include_quoted_paths() -> None:
     record = ('aiter/a.py,sha256=a,1\n"aiter/configs/E=1,N=2.json",sha256=b,2\n'
               'aiter_meta/hsa/gfx942/x.co,sha256=c,3\n"aiter_meta/hsa/gfx942/y,z.co",sha256=d,4\n'
               'amd_aiter-1.dist-info/RECORD,,\n')
-    assert probe.record_entries(record, ("aiter_meta/hsa/gfx942/",)) == (
+    assert distributions.record_entries(record, ("aiter_meta/hsa/gfx942/",)) == (
         ["aiter_meta/hsa/gfx942/x.co", "sha256=c", "3"], ["aiter_meta/hsa/gfx942/y,z.co", "sha256=d", "4"])
-    assert [row[0] for row in probe.record_entries(record, ("aiter/configs/E=1,N=2.json", "aiter/b.py"))] == [
+    assert [row[0] for row in distributions.record_entries(record, ("aiter/configs/E=1,N=2.json", "aiter/b.py"))] == [
         "aiter/configs/E=1,N=2.json"]
-    assert len(probe.record_entries(record)) == 5
-    assert probe.kernel_tree_root(record) == "aiter_meta/hsa"
-    assert probe.kernel_tree_root('x/nothsa/gfx942/a,sha256=a,1\n"p/hsa/gfx942/b,c",sha256=b,1\n') == "p/hsa"
-    assert probe.kernel_tree_root("aiter/a.py,sha256=a,1\n") is None
+    assert len(distributions.record_entries(record)) == 5
+    assert distributions.kernel_tree_root(record) == "aiter_meta/hsa"
+    assert distributions.kernel_tree_root('x/nothsa/gfx942/a,sha256=a,1\n"p/hsa/gfx942/b,c",sha256=b,1\n') == "p/hsa"
+    assert distributions.kernel_tree_root("aiter/a.py,sha256=a,1\n") is None
 
 
 def test_recorded_state_and_unreadable_state(host_root: Path) -> None:
@@ -255,7 +257,7 @@ def test_rocm_from_python_wheel_when_no_rocm_tree(host_root: Path) -> None:
 
 @pytest.mark.parametrize("target, name", [(90010, "gfx90a"), (90402, "gfx942"), (90500, "gfx950"), (90008, "gfx908")])
 def test_gfx_name_from_kfd_target_version(target: int, name: str) -> None:
-    assert probe.gfx_name(target) == name
+    assert gpus.gfx_name(target) == name
 
 
 def test_record_check_names_edited_and_missing_files_but_not_our_trees(host_root: Path) -> None:
@@ -336,25 +338,25 @@ def test_kernel_digest_is_taken_from_the_install_record_only_while_the_tree_stat
     gfx90a = host_root / "site-packages/aiter_meta/hsa/gfx90a"
     (gfx90a / "pa").mkdir(parents=True)
     (gfx90a / "pa/pa_a.co").write_bytes(b"translated")
-    real = probe.tree_digest(gfx90a)
+    real = digests.tree_digest(gfx90a)
     state_dir = host_root / "state"
     state_dir.mkdir()
     # The recorded digest is deliberately not the tree's: a probe that reports it has trusted the stat signature.
     recorded = {"digest": "recorded", "hsa_root": str(gfx90a.parent),
-                "stat_signature": probe.tree_stat_signature(gfx90a)[0]}
+                "stat_signature": digests.tree_stat_signature(gfx90a)[0]}
     (state_dir / "state.json").write_text(json.dumps({"kernels": recorded}))
     assert run_probe(host_root)["aiter"]["gfx90a_digest"] == "recorded"
     assert run_probe(host_root, record_check=["amd-aiter"])["aiter"]["gfx90a_digest"] == real, "a drift check reads"
     (gfx90a / "pa/pa_a.co").write_bytes(b"tampered!!")  # same size
-    assert run_probe(host_root)["aiter"]["gfx90a_digest"] == probe.tree_digest(gfx90a) != real
+    assert run_probe(host_root)["aiter"]["gfx90a_digest"] == digests.tree_digest(gfx90a) != real
 
 
 def test_run_program_captures_both_streams_and_kills_on_timeout() -> None:
-    assert probe.run_program(["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], 5) == (3, "out\n", "err\n")
+    assert programs.run_program(["/bin/sh", "-c", "echo out; echo err >&2; exit 3"], 5) == (3, "out\n", "err\n")
     with pytest.raises(TimeoutError, match="no exit after 0.3 s, killed"):
-        probe.run_program(["/bin/sh", "-c", "exec >&- 2>&-; sleep 5"], 0.3)
+        programs.run_program(["/bin/sh", "-c", "exec >&- 2>&-; sleep 5"], 0.3)
     with pytest.raises(OSError):
-        probe.run_program(["/nonexistent/rocminfo"], 5)
+        programs.run_program(["/nonexistent/rocminfo"], 5)
 
 
 # --- the probe's own JSON, CSV and text parsing: what it does instead of importing json, csv and re ----------------
@@ -383,7 +385,7 @@ def test_a_probe_of_a_provisioned_host_imports_no_json_csv_or_re(host_root: Path
                           "state_dir": str(host_root / "state"), "kfd_topology": str(host_root / "kfd"),
                           "patch_files": {"amd-aiter": ["aiter/jit/core.py"]}})
     at_start = imported_modules(["-c", "pass"], env)
-    imported = imported_modules(["-c", PROBE_SCRIPT.read_text(), options], env)
+    imported = imported_modules([*PROBE_ARGV, options], env)
     assert "zlib" in imported and "hashlib" in imported, "the report lists the probe's own imports"
     assert not (imported - at_start) & MODULES_THE_PROBE_DOES_WITHOUT, sorted(imported - at_start)
     found = run_probe(host_root, patch_files={"amd-aiter": ["aiter/jit/core.py"]})
@@ -417,11 +419,11 @@ def test_probe_json_matches_the_json_module_both_ways() -> None:
     rng = random.Random(20261201)
     for _ in range(3000):
         value = random_json_value(rng)
-        written = probe.json_dumps(value)
+        written = jsontext.json_dumps(value)
         assert written == json.dumps(value, sort_keys=True, separators=(",", ":")), value
         for text in (written, json.dumps(value, indent=1), json.dumps(value, ensure_ascii=False)):
-            assert probe.json_loads(text) == json.loads(text), text
-    assert probe.json_dumps(("a", 1)) == '["a",1]'
+            assert jsontext.json_loads(text) == json.loads(text), text
+    assert jsontext.json_dumps(("a", 1)) == '["a",1]'
 
 
 @pytest.mark.parametrize("text, message", [
@@ -432,7 +434,7 @@ def test_probe_json_matches_the_json_module_both_ways() -> None:
 ])
 def test_probe_json_refuses_what_is_not_json(text: str, message: str) -> None:
     with pytest.raises(ValueError, match="not JSON") as raised:
-        probe.json_loads(text)
+        jsontext.json_loads(text)
     assert message in str(raised.value)
     with pytest.raises(ValueError):
         json.loads(text)
@@ -441,40 +443,40 @@ def test_probe_json_refuses_what_is_not_json(text: str, message: str) -> None:
 def test_probe_json_writes_only_what_json_can() -> None:
     for value in (float("nan"), float("inf")):
         with pytest.raises(ValueError, match="no JSON form"):
-            probe.json_dumps({"cpu_s": value})
+            jsontext.json_dumps({"cpu_s": value})
     with pytest.raises(TypeError, match="set has no JSON form"):
-        probe.json_dumps({"paths": {"a"}})
+        jsontext.json_dumps({"paths": {"a"}})
     with pytest.raises(TypeError, match="keys must be strings"):
-        probe.json_dumps({1: "a"})
+        jsontext.json_dumps({1: "a"})
 
 
 def test_hand_parsers_agree_with_the_regular_expressions_they_replace() -> None:
     import re
     names = ["amd_aiter", "amd-aiter", "AMD.Aiter", "a__b--c..d", "a-_.b", "_x_", "Triton", "rocm_sdk_core", ""]
     for name in names:
-        assert probe.canonical_name(name) == re.sub(r"[-_.]+", "-", name).lower(), name
+        assert distributions.canonical_name(name) == re.sub(r"[-_.]+", "-", name).lower(), name
     for text in ["6.4.3-113", "7.14.0", " 6.4", "6", "6.", "6.4.", "6.4.3.2", "x6.4", "6.4rc1", "", "10.0.1-5\n"]:
         match = re.match(r"\s*(\d+\.\d+(?:\.\d+)?)", text)
-        assert probe.parse_rocm_version(text) == (match.group(1) if match else None), text
+        assert gpus.parse_rocm_version(text) == (match.group(1) if match else None), text
     for url_path in ["/src/aiter", "/src/a%20b", "/src/%E2%82%AC", "/src/100%", "/src/%zz", "/src/%4", "%41%42"]:
         expected = re.sub(rb"%([0-9A-Fa-f]{2})", lambda found: bytes([int(found.group(1), 16)]),
                           url_path.encode()).decode("utf-8", errors="replace")
-        assert probe.percent_decoded(url_path) == expected, url_path
+        assert checkouts.percent_decoded(url_path) == expected, url_path
 
 
 def test_rocminfo_blocks_are_split_on_asterisk_lines_only() -> None:
     listing = (FIXTURES / "rocminfo-2x-mi210.txt").read_text()
-    agents = probe.parse_rocminfo(listing)
+    agents = gpus.parse_rocminfo(listing)
     assert [agent["arch"] for agent in agents] == ["gfx90a", "gfx90a"]
     # Four asterisks are no separator: the two agents stay one block, whose first fields win.
-    assert len(probe.parse_rocminfo(listing.replace("*******", "****"))) <= 1
-    assert probe.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711(0x740F)\n")[0]["chip_id"] == "0x740f"
-    assert probe.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711\n")[0]["chip_id"] is None
+    assert len(gpus.parse_rocminfo(listing.replace("*******", "****"))) <= 1
+    assert gpus.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711(0x740F)\n")[0]["chip_id"] == "0x740f"
+    assert gpus.parse_rocminfo("Device Type: GPU\nName: gfx90a\nChip ID: 29711\n")[0]["chip_id"] is None
 
 
 def test_record_entries_keeps_only_its_last_answers() -> None:
-    records = [f"pkg/m{i}.py,sha256=h{i},{i}\n" for i in range(probe._RECORD_ENTRIES_KEPT + 4)]
-    assert [probe.record_entries(text) for text in records] == [([f"pkg/m{i}.py", f"sha256=h{i}", str(i)],)
+    records = [f"pkg/m{i}.py,sha256=h{i},{i}\n" for i in range(distributions._RECORD_ENTRIES_KEPT + 4)]
+    assert [distributions.record_entries(text) for text in records] == [([f"pkg/m{i}.py", f"sha256=h{i}", str(i)],)
                                                                 for i in range(len(records))]
-    assert len(probe._RECORD_ENTRIES) == probe._RECORD_ENTRIES_KEPT
-    assert (records[-1], ("",)) in probe._RECORD_ENTRIES and (records[0], ("",)) not in probe._RECORD_ENTRIES
+    assert len(distributions._RECORD_ENTRIES) == distributions._RECORD_ENTRIES_KEPT
+    assert (records[-1], ("",)) in distributions._RECORD_ENTRIES and (records[0], ("",)) not in distributions._RECORD_ENTRIES

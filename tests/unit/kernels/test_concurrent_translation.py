@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 from cdna2.kernels import Policy
 from cdna2.translated import ensure_source, ensure_translation
 from tests.unit.racing import append_line, race

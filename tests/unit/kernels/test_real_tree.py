@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 from cdna2.host import manifest
 from cdna2.kernels import Policy, translate_tree
 

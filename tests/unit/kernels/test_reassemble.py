@@ -16,7 +16,7 @@ import pytest
 
 from cdna2.cache import cache_root, code_digest
 from cdna2.host import elf
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 from cdna2.host.state import write_file_atomically
 from cdna2.kernels import isa, reassemble
 from lab import wheelhouse

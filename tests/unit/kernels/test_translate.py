@@ -14,7 +14,7 @@ import pytest
 
 from cdna2.__main__ import main as cdna2_main
 from cdna2.host import elf
-from cdna2.host.probe import tree_digest
+from cdna2.host.digests import tree_digest
 from cdna2.kernels import (TranslationError, batching, classify_tree, engine, isa, scan, translate_tree, tree_cache,
                            workers, write_and_prove)
 from tests.unit.kernels.conftest import BF16_MFMA, FP8_MFMA
@@ -156,12 +156,12 @@ def test_corrupted_cache_entry_is_rebuilt(source_tree, tmp_path):
 
 def test_the_cache_key_covers_every_module_that_decides_a_translation():
     # A change to any module the engine runs must make a new key (tree_cache.PIPELINE_MODULES). Not in it: the
-    # packages, cdna2.cache (the digest itself) and cdna2.host.probe (the tree's listing and digest; the source
+    # packages, cdna2.cache (the digest itself) and cdna2.host.digests (the tree's listing and digest; the source
     # tree's digest is a part of the key of its own). The command line (kernels/cli.py) is not loaded by the engine.
     program = "import sys, cdna2.kernels.engine; print(*(name for name in sys.modules if name[:5] == 'cdna2'))"
     loaded = subprocess.run([sys.executable, "-c", program], cwd=Path(__file__).resolve().parents[3],
                             capture_output=True, text=True, check=True).stdout.split()
-    not_covered = {"cdna2", "cdna2.kernels", "cdna2.host", "cdna2.cache", "cdna2.host.probe"}
+    not_covered = {"cdna2", "cdna2.kernels", "cdna2.host", "cdna2.cache", "cdna2.host.digests"}
     assert set(loaded) - not_covered == set(tree_cache.PIPELINE_MODULES)
     package = {f"cdna2.kernels.{path.stem}" for path in Path(tree_cache.__file__).parent.glob("*.py")}
     assert package - {"cdna2.kernels.__init__", "cdna2.kernels.cli"} <= set(tree_cache.PIPELINE_MODULES)

@@ -4,14 +4,12 @@ copy: both on this machine's Python, through a real shell."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-from operations.facts import PROBE_SOURCE, HostProbe
-
-PROBE_FILE = Path(__file__).resolve().parents[3] / "cdna2" / "host" / "probe.py"
+from cdna2.probe_payload import probe_modules
+from operations.facts import HostProbe
 
 
 def run_fact_command(tmp_path: Path, agent: Path) -> dict:
@@ -22,18 +20,18 @@ def run_fact_command(tmp_path: Path, agent: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def install_agent_probe(agent: Path, text: str) -> Path:
+def install_agent_probe(agent: Path, texts: dict[str, str]) -> None:
+    """An agent holding the probe's modules with these texts (module name -> text)."""
     (agent / "cdna2" / "host").mkdir(parents=True)
     for package in ("cdna2", "cdna2/host"):
         (agent / package / "__init__.py").write_text("")
-    probe = agent / "cdna2" / "host" / "probe.py"
-    probe.write_text(text)
-    return probe
+    for name, text in texts.items():
+        (agent / (name.replace(".", "/") + ".py")).write_text(text)
 
 
 def test_the_installed_probe_runs_from_cached_bytecode_when_it_is_the_controllers(tmp_path: Path) -> None:
     agent = tmp_path / "state" / "agent"
-    shutil.copyfile(PROBE_FILE, install_agent_probe(agent, ""))
+    install_agent_probe(agent, dict(probe_modules()))
     first, second = run_fact_command(tmp_path, agent), run_fact_command(tmp_path, agent)
     assert first["format"] == second["format"] and first["agent"]["digest"] == second["agent"]["digest"]
     # Written although PYTHONDONTWRITEBYTECODE is set: the cache lives in the tool's own agent directory.
@@ -42,8 +40,10 @@ def test_the_installed_probe_runs_from_cached_bytecode_when_it_is_the_controller
 
 def test_a_stale_or_unreadable_agent_probe_is_not_run(tmp_path: Path) -> None:
     agent = tmp_path / "state" / "agent"
-    # An older agent's probe: it would print this instead of probing.
-    install_agent_probe(agent, 'print(\'{"stale": true}\')\n' + PROBE_SOURCE)
+    # An older agent's probe module: it would print this instead of probing (every other module is current).
+    modules = dict(probe_modules())
+    modules["cdna2.host.gpus"] = 'print(\'{"stale": true}\')\n' + modules["cdna2.host.gpus"]
+    install_agent_probe(agent, modules)
     found = run_fact_command(tmp_path, agent)
     assert "stale" not in found and found["errors"] is not None
     assert not (agent / "cdna2" / "host" / "__pycache__").exists()
@@ -69,7 +69,8 @@ def run_sudo_fact_command(tmp_path: Path, refuse: bool) -> dict:
         (bin_dir / "refuse").touch()
     command = HostProbe().command(target_python=sys.executable, rocm_root=str(tmp_path / "rocm"),
                                   state_dir=str(tmp_path / "state"), agent_dir=None, sudo=True).get_raw_value()
-    assert command.count("def probe(options") == 1, "the probe's text is sent once"
+    assert command.count("def probe(options") == 1 and command.count("def read_gpus(") == 1, \
+        "the probe's modules are sent once"
     assert len(command.encode()) < 128 * 1024, "sshd's shell gets the command as one argument: 128 KiB at most"
     result = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=True,
                             env={"PATH": f"{bin_dir}:/usr/bin:/bin"})

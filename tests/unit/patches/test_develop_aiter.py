@@ -21,14 +21,16 @@ import pytest
 
 from cdna2.drift import checkout_changes
 from cdna2.host import txn
-from cdna2.host.probe import checkout_path, file_content, git_hash_field, record_hash, tree_digest
+from cdna2.host.checkouts import checkout_path
+from cdna2.host.digests import git_hash_field, record_hash, tree_digest
+from cdna2.host.distributions import file_content
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
 from lab.aiter_git import aiter_git_dir
 from cdna2.plan import FAIL, PROCEED, develop_checkout, kernels_decision, target_env_error
 from cdna2.report import HostRow, summarise_probe
 from cdna2.translated import KernelSourceError, ensure_source
-from tests.unit.test_probe import PROBE_SCRIPT
+from tests.unit.test_probe import PROBE_ARGV
 
 AITER_GIT = aiter_git_dir()
 TAG, VERSION = "v0.1.19", "0.1.19"
@@ -97,7 +99,7 @@ def run_probe(tmp_path: Path, python_path: list[Path], catalog, path: str | None
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(map(str, python_path)))
     if path is not None:
         env["PATH"] = path
-    result = subprocess.run([sys.executable, "-c", PROBE_SCRIPT.read_text(), json.dumps(options)],
+    result = subprocess.run([sys.executable, *PROBE_ARGV, json.dumps(options)],
                             capture_output=True, text=True, env=env, check=True)
     return json.loads(result.stdout)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import elf, probe, smoke_static, state, txn
+from cdna2.host import digests, elf, probe, smoke_static, state, txn
 from tests.unit.test_probe import write_distribution
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -58,7 +58,7 @@ class Host:
             return check(smoke_static.read_host(self.site, self.state_dir))
 
     def record_kernels(self) -> None:
-        state.update_state(self.state_dir, "kernels", {"digest": probe.tree_digest(self.tree),
+        state.update_state(self.state_dir, "kernels", {"digest": digests.tree_digest(self.tree),
                                                         "installed": "2026-08-20T00:00:00Z"})
 
 
@@ -69,7 +69,7 @@ def patch(host: Host, package: str, changes: dict[str, bytes], jit_invalidations
         target = host.site / relative
         staged = target.with_name(target.name + ".cdna2-staged")
         staged.write_bytes(new)
-        manifest_changes.append({"path": relative, "expected_sha256": probe.file_sha256(target),
+        manifest_changes.append({"path": relative, "expected_sha256": digests.file_sha256(target),
                                  "staged": str(staged), "new_sha256": sha256(new)})
     txn.apply({"root": str(host.site), "package": package, "backup_dir": str(host.state_dir / "backups" / package),
                "changes": manifest_changes, "jit_invalidations": jit_invalidations})

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.host import importcheck, probe as probe_module
+from cdna2.host import importcheck
+from cdna2.probe_payload import PROBE_BOOTSTRAP, PROBE_PAYLOAD
 from cdna2.wheels import load_matrix, plan_wheels
 from lab import mirror, wheelhouse
 
@@ -40,8 +41,8 @@ def test_mirror_holds_what_the_lab_matrix_names(built_mirror):
 def run_probe(python: Path, rocm_root: Path, tmp_path: Path) -> dict:
     options = json.dumps({"target_python": str(python), "rocm_root": str(rocm_root),
                           "state_dir": str(tmp_path / "state"), "patch_files": {}})
-    result = subprocess.run([str(python), probe_module.__file__, options], capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run([str(python), "-c", PROBE_BOOTSTRAP, "", PROBE_PAYLOAD, options], capture_output=True,
+                            text=True, check=True)
     return json.loads(result.stdout)
 
 
