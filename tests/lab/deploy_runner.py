@@ -65,3 +65,19 @@ def host_snapshot(lab_host: dict) -> dict[str, str | None]:
 def ssh(lab: dict, lab_host: dict, command: str) -> subprocess.CompletedProcess:
     """Run ``command`` on a lab host as an operator would: real ssh, the lab key, host-key checking on."""
     return subprocess.run(ssh_argv(lab, lab_host, command), capture_output=True, text=True, timeout=300)
+
+
+def assert_redeploy_verify_rollback(lab_host: dict, report_dir: Path, before: dict[str, str | None]) -> None:
+    """After a deploy of ``lab_host``: a second deploy changes nothing, verify finds it as deployed, and rollback
+    leaves AITER as ``before`` (a ``host_snapshot`` from before the deploy) and checks it against RECORD."""
+    name = lab_host["name"]
+    again = run_pyinfra("-y", "deploy.py", report_dir=report_dir)
+    assert again.returncode == 0 and again.row(name)["changes"] == [], again.row(name)
+    verified = run_pyinfra("-y", "verify.py", report_dir=report_dir)
+    assert verified.returncode == 0 and verified.row(name)["steps"]["verify"] == {
+        "status": "ok", "detail": "as deployed"}, verified.output[-3000:]
+    rolled_back = run_pyinfra("-y", "rollback.py", report_dir=report_dir)
+    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
+    assert rolled_back.row(name)["steps"]["record"]["status"] == "ok", rolled_back.row(name)
+    after = host_snapshot(lab_host)
+    assert (after["hsa"], after["aiter"]) == (before["hsa"], before["aiter"]), "rollback left AITER stock"

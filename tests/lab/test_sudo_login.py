@@ -15,7 +15,7 @@ import pytest
 
 from lab.logins import SUDOERS_DIR
 from tests.lab.conftest import one_host_lab, run_lab_command
-from tests.lab.deploy_runner import host_snapshot, run_pyinfra
+from tests.lab.deploy_runner import assert_redeploy_verify_rollback, host_snapshot, run_pyinfra
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -66,18 +66,7 @@ def test_deploy_verify_rollback_through_sudo_and_a_login_without_sudo_is_refused
     assert {"agent", "lease.json", "state.json", "backups"} <= {path.name for path in state.iterdir()}
     assert host_snapshot(lab_host)["hsa"] != before["hsa"], "the kernels were installed"
 
-    again = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
-    assert again.returncode == 0 and again.row(name)["changes"] == [], again.row(name)
-
-    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
-    assert verified.returncode == 0 and verified.row(name)["steps"]["verify"] == {
-        "status": "ok", "detail": "as deployed"}, verified.output[-3000:]
-
-    rolled_back = run_pyinfra("-y", "rollback.py", report_dir=tmp_path)
-    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
-    assert rolled_back.row(name)["steps"]["record"]["status"] == "ok", rolled_back.row(name)
-    after = host_snapshot(lab_host)
-    assert (after["hsa"], after["aiter"]) == (before["hsa"], before["aiter"]), "rollback left AITER stock"
+    assert_redeploy_verify_rollback(lab_host, tmp_path, before)
 
     run_lab_command("down", lab_dir=Path(sudo_lab["lab_dir"]))
     for user in users.values():

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.conftest import one_host_lab, run_lab_command
-from tests.lab.deploy_runner import host_snapshot, run_pyinfra, site_packages, ssh
+from tests.lab.deploy_runner import assert_redeploy_verify_rollback, host_snapshot, run_pyinfra, site_packages, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -101,17 +101,7 @@ def test_deploy_verify_rollback_as_a_user_without_root_or_sudo_writes_only_its_o
         "the agent and the state are in the user's XDG state directory"
     assert not any(Path(lab_host["binds"]["/var/lib/cdna2"]).iterdir()), "nothing in root's /var/lib/cdna2"
 
-    again = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
-    assert again.returncode == 0 and again.row(name)["changes"] == [], again.row(name)
-    verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
-    assert verified.returncode == 0 and verified.row(name)["steps"]["verify"] == {
-        "status": "ok", "detail": "as deployed"}, verified.output[-3000:]
-    rolled_back = run_pyinfra("-y", "rollback.py", report_dir=tmp_path)
-    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
-    assert rolled_back.row(name)["steps"]["record"]["status"] == "ok", rolled_back.row(name)
-    after_rollback = host_snapshot(lab_host)
-    assert (after_rollback["hsa"], after_rollback["aiter"]) == (snapshot["hsa"], snapshot["aiter"]), \
-        "rollback left AITER stock"
+    assert_redeploy_verify_rollback(lab_host, tmp_path, snapshot)
 
     after = owned_listing(lab_host, entry.pw_uid)
     changed = changed_paths(before, after)
