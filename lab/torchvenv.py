@@ -60,7 +60,8 @@ def torch_cpu_python() -> Path:
         _run([str(staging / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               "--only-binary=:all:", TORCH_REQUIREMENT, "numpy", *VLLM_IMPORT_REQUIREMENTS, str(triton_wheel)],
              f"installing {TORCH_REQUIREMENT} and {triton_wheel.name} into {staging}")
-        _run([str(staging / "bin" / "python"), "-c", "import torch, triton, triton.language, numpy, packaging, regex, pydantic"],
+        _run([str(staging / "bin" / "python"), "-c",
+              "import torch, triton, triton.language, numpy, packaging, regex, pydantic"],
              f"importing torch and triton in {staging}")
         (staging / ".complete").touch()
         shutil.rmtree(venv, ignore_errors=True)

@@ -5,7 +5,7 @@
 
 The cases come from the controller (``cdna2/data/bench-cases.yaml``, validated there, defaults filled in) as JSON.
 Each runs in a child process of its own (``cdna2.host.bench_gpu``), isolated and killed with its process group at
-its time limit as the smoke test's GPU children are (``cdna2.host.smoke.gpu_child``). Then each is judged here:
+its time limit as the smoke test's GPU children are (``cdna2.host.gpu_run.gpu_child``). Then each is judged here:
 
 - ``wrong``: the ASM output is off the reference (the smoke test's pass rule): WRONG, and no figure is reported,
   whatever the child timed;
@@ -92,9 +92,7 @@ def kernel_proof(case: dict, captured: str, run: gpu_run.GpuRun) -> tuple[list[s
                 else "no module import line at all")
         return proof, f"no import line names {case['proof_module']} in the provisioned {package}", seen
     loads = gpu_run.load_lines(captured)
-    proof = sorted({load["path"] for load in loads
-                    if (inside := gpu_run.relative_in(load["path"], run.tree)) is not None
-                    and re.search(case["proof"], inside)})
+    proof = gpu_run.proven_loads(loads, run.tree, case["proof"])
     seen = f"loaded {smoke_static.named(sorted({load['path'] for load in loads}))}" if loads else "no load line at all"
     return (proof, f"no kernel-load line names a code object matching {case['proof']} in the provisioned {run.tree}",
             seen)
@@ -139,8 +137,8 @@ def judge_case(case: dict, report: dict, run: gpu_run.GpuRun) -> dict:
     slower = f"; slower than the fallback ({case['fallback']})" if speedup < 1.0 else ""
     return case_result(case, OK, f"{what}: {figure:.1f} {unit}, {asm_timing['median_ms']:.3f} ms against "
                                  f"{fallback_timing['median_ms']:.3f} ms, {speedup:.2f}x{slower}; loaded "
-                                 f"{smoke_static.named(proof)}", asm=asm_timing, fallback=fallback_timing, speedup=speedup,
-                       figure=figure, unit=unit, loaded=proof)
+                                 f"{smoke_static.named(proof)}", asm=asm_timing, fallback=fallback_timing,
+                       speedup=speedup, figure=figure, unit=unit, loaded=proof)
 
 
 def run_bench(site_packages: Path, state_dir: Path, host_arch: str | None, cases: list[dict],

@@ -10,7 +10,8 @@ import sys
 import zlib
 
 from cdna2.host.checkouts import checkout_path
-from cdna2.host.digests import b64, digest_of_entries, read_bytes, read_text, record_hash, tree_digest, tree_stat_signature
+from cdna2.host.digests import (b64, digest_of_entries, read_bytes, read_text, record_hash, tree_digest,
+                                tree_stat_signature)
 from cdna2.host.environment import free_bytes
 
 # Distributions the deploy reasons about, by their PEP 503 name; the alternatives are other names the same

@@ -175,6 +175,13 @@ def relative_in(path: str, directory: Path | None) -> str | None:
     return Path(os.path.realpath(path)).relative_to(os.path.realpath(directory)).as_posix()
 
 
+def proven_loads(loads: list[dict], tree: Path | None, pattern: str) -> list[str]:
+    """The paths of the kernel-load lines naming a code object under the provisioned ``tree`` whose path there
+    matches ``pattern``: what proves that a GPU check or a benchmark case ran the provisioned kernel."""
+    return sorted({load["path"] for load in loads
+                   if (inside := relative_in(load["path"], tree)) is not None and re.search(pattern, inside)})
+
+
 def provenance_problem(report: dict, run: GpuRun) -> str | None:
     """Why the child's AITER is not the provisioned one: its ``aiter.__file__`` or ``AITER_ASM_DIR`` lies elsewhere."""
     package, aiter_file, asm_dir = run.site_packages / "aiter", report.get("aiter_file"), report.get("aiter_asm_dir")

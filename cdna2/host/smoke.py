@@ -4,8 +4,9 @@
         --host-arch ARCH|none [--no-gpu-checks] [--expect-triton 3.7.1] [--timeout SECONDS] \\
         [--device-timeout SECONDS] [--warmup-timeout SECONDS] [--case-timeout SECONDS] [--json]
 
-Static checks always run (smoke_static.py): the gfx90a tree is present and is the one the deploy installed, every code object in it
-says gfx90a, no manifest row names a missing kernel, the patch transactions are applied, every other AITER and
+Static checks always run (smoke_static.py): the gfx90a tree is present and is the one the deploy installed, every
+code object in it says gfx90a, no manifest row names a missing kernel, the patch transactions are applied, every
+other AITER and
 vLLM file matches its RECORD, triton is the expected version and ``triton.runtime.autotuner`` imports in a child,
 no JIT output built before its inputs were patched survives, no module compiled from the kernel trees predates
 the gfx90a tree, no JIT lock is orphaned, ``import aiter`` works where torch is a ROCm build (and must, on a
@@ -14,8 +15,8 @@ gfx90a host). GPU checks run ``cdna2.host.smoke_gpu`` in child processes on a ho
 with no GPU or another arch, or with ``--no-gpu-checks``, never "passed".
 
 Each GPU child runs isolated (``python -I``: no working directory, PYTHONPATH or user site on its path) from the
-state directory, in a session of its own (gpu_run.py); when it ends, or at its time limit, whatever is left of its process
-group is killed and the JIT locks the group held are removed. A warm-up child first runs every case once under a
+state directory, in a session of its own (gpu_run.py); when it ends, or at its time limit, whatever is left of its
+process group is killed and the JIT locks the group held are removed. A warm-up child first runs every case once under a
 generous limit (AITER JIT-builds there); then each case runs in a fresh child under a short one.
 
 Standard library only; torch and aiter are imported only inside child processes. Distributions are looked up
@@ -27,13 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.host import smoke_gpu
-from cdna2.host.gpu_run import GpuLimits, GpuRun, gpu_child, load_lines, provenance_problem, relative_in
+from cdna2.host.gpu_run import GpuLimits, GpuRun, gpu_child, load_lines, proven_loads, provenance_problem
 from cdna2.host.smoke_static import (FAILED, GPU, PASSED, SKIPPED, WRONG, named, read_host, result, searched_first,
                                      static_checks)
 
@@ -108,15 +108,14 @@ def judge_gpu_case(check: GpuCheck, report: dict, run: GpuRun) -> dict:
                                               f"{smoke_gpu.ROW_REL_RMS_LIMIT:.2e}){loaded}{cleanup}")
     if check.proof is None:
         return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}){loaded}{cleanup}")
-    tree = run.tree
-    proof = [load for load in loads
-             if (inside := relative_in(load["path"], tree)) is not None and re.search(check.proof, inside)]
+    proof = proven_loads(loads, run.tree, check.proof)
     if not proof:
-        return result(check.name, GPU, FAILED, f"{check.what} is correct ({figures}) but no kernel-load line names "
-                                               f"a code object matching {check.proof} in the provisioned {tree}, so "
-                                               f"a fallback computed it{loaded or ' (no load line at all)'}{cleanup}")
+        return result(check.name, GPU, FAILED,
+                      f"{check.what} is correct ({figures}) but no kernel-load line names a code object matching "
+                      f"{check.proof} in the provisioned {run.tree}, so a fallback computed it"
+                      f"{loaded or ' (no load line at all)'}{cleanup}")
     return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}); loaded "
-                                           f"{named(sorted({load['path'] for load in proof}))}{cleanup}")
+                                           f"{named(proof)}{cleanup}")
 
 
 def gpu_checks(host_arch: str | None, run: GpuRun | None,
