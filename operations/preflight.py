@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Callable
+from weakref import WeakKeyDictionary
 
 import gevent
-from weakref import WeakKeyDictionary
-from typing import Callable
-
 from pyinfra.api import Inventory
 from pyinfra.api.exceptions import PyinfraError
 
