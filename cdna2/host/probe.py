@@ -30,6 +30,7 @@ from cdna2.host.distributions import (DISTRIBUTIONS, read_aiter, read_distributi
 from cdna2.host.environment import default_state_dir, free_bytes, read_os, read_python, read_write_access
 from cdna2.host.gpus import KFD_TOPOLOGY, PCI_DEVICES, read_gpus, read_rocm
 from cdna2.host.jsontext import json_dumps, json_loads
+from cdna2.host.shared_env import read_identity, shared_state_dir
 
 PROBE_FORMAT = 3
 
@@ -75,7 +76,7 @@ def read_agent(agent_dir: str | None) -> dict:
 
 def probe(options: dict) -> dict:
     """Options: target_python, rocm_root, state_dir (None: this login's default_state_dir; the agent is read from
-    its agent/); optional kfd_topology, pci_devices, patch_files
+    its agent/), shared_environment (the state directory is the environment's own, cdna2/host/shared_env.py); optional kfd_topology, pci_devices, patch_files
     {package: [paths]}, known_contents [hashes the controller holds the bytes of], record_memo {package: {stat,
     facts}} (the ``record_facts`` of the last probe of this host, reused while the RECORD's stat is the same),
     record_check [packages] (compare those distributions' files with their RECORD: reads every file, and the kernel
@@ -102,8 +103,14 @@ def probe(options: dict) -> dict:
              else record_facts(package, records.get(package, ""), patch_files.get(package, ())) for package in stats}
     if develop:
         facts["amd-aiter"] = develop
-    state_dir, state_dir_source = ((options["state_dir"], "host data") if options.get("state_dir")
-                                   else default_state_dir(os.geteuid(), os.environ))
+    if python["is_target"]:
+        python["identity"] = read_identity(sys.prefix)
+    if options.get("shared_environment") and python["is_target"]:
+        # Where every node of the environment, in this run or a later allocation, finds its records.
+        state_dir, state_dir_source = str(shared_state_dir(sys.prefix)), "the shared environment"
+    else:
+        state_dir, state_dir_source = ((options["state_dir"], "host data") if options.get("state_dir")
+                                       else default_state_dir(os.geteuid(), os.environ))
     state = read_state(state_dir, errors)
     installed_kernels = None if record_check else (state or {}).get("kernels")
     aiter = read_aiter(distributions.get("amd-aiter"), "", errors, installed_kernels, facts.get("amd-aiter"))

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cdna2.host.cli import finish
+from cdna2.host.env_lock import EnvLock, SharedEnvironmentBusy
+from cdna2.host.shared_env import shared_environment_of
 
 STATE_FORMAT = 1
 RUN_ENVIRONMENT = "CDNA2_RUN"  # who runs this command: the controller's run description (operations/agent.py)
@@ -102,7 +104,20 @@ def hold_run_lease(state_dir: Path, run: str) -> dict[str, Any]:
 
 @contextmanager
 def host_lock(state_dir: Path, wait_seconds: float = 0.0) -> Iterator[None]:
-    """Hold ``<state_dir>/lock`` exclusively; raise HostLockedError naming the holder if it stays busy."""
+    """Hold ``<state_dir>/lock`` exclusively; raise HostLockedError naming the holder if it stays busy.
+
+    A shared environment's state directory (cdna2/host/shared_env.py) is locked across nodes instead, by the
+    environment's ``mkdir`` lock, waiting for another node's command; the run lease, which is bound to one node's
+    SSH connection, is not taken there."""
+    shared = shared_environment_of(state_dir)
+    if shared is not None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            with EnvLock(shared):
+                yield
+        except SharedEnvironmentBusy as error:
+            raise HostLockedError(str(error)) from error
+        return
     state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
     # Backups, the lease and the agent the deploy runs as root live here: root's alone, whoever logged in.
     os.chmod(state_dir, STATE_DIR_MODE)

@@ -31,6 +31,8 @@ from pathlib import Path
 from cdna2.host.cli import finish
 from cdna2.host.digests import file_sha256
 from cdna2.host.distributions import installed_version
+from cdna2.host.env_lock import EnvLock
+from cdna2.host.shared_env import shared_environment_of
 from cdna2.host.state import fsync_directory, write_file_atomically
 
 STATE = "state.json"
@@ -87,6 +89,16 @@ def _take_lock(backup_dir: Path):
 
 @contextmanager
 def _locked(backup_dir: Path):
+    shared = shared_environment_of(backup_dir.parent.parent)
+    if shared is not None:  # a shared environment's backups: its mkdir lock serialises every node (shared_env.py)
+        with EnvLock(shared):
+            backup_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                yield
+            finally:
+                if not any(backup_dir.iterdir()):
+                    backup_dir.rmdir()
+        return
     lock = _take_lock(backup_dir)
     try:
         yield

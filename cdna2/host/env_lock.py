@@ -1,0 +1,247 @@
+"""The lock that serialises the nodes' writes to a shared environment, and the commands the deploy runs on it: the
+identity written once, a non-writing node's check, its removal at rollback. Layout and why ``mkdir``:
+cdna2/host/shared_env.py. Standard library only: runs on the hosts.
+
+    python -m cdna2.host.env_lock claim --prefix P --id ID
+    python -m cdna2.host.env_lock check --prefix P --expect JSON
+    python -m cdna2.host.env_lock forget --prefix P
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from cdna2.host.cli import finish
+from cdna2.host.digests import file_sha256, tree_digest
+from cdna2.host.shared_env import ENV_DIR, IDENTITY, STATE, environment_dir, read_identity, this_node
+
+LOCK = "lock"
+OWNER = "owner.json"
+HEARTBEAT_S = 2.0
+# A holder's heartbeat missing this long means its node is gone (or cut off): 10 missed beats, far beyond an NFS
+# server's usual stall. A holder paused that long (SIGSTOP) loses the lock; its next write then fails the check
+# in ``EnvLock.confirm``.
+STALE_S = 20.0
+WAIT_S = 900.0  # how long a command waits for another node's command on the environment before giving up
+
+
+class SharedEnvironmentBusy(RuntimeError):
+    """Another node's command held the environment's lock for longer than the wait; the message names it."""
+
+
+def _publish(directory: Path, name: str, document: dict) -> bool:
+    """Write ``document`` whole under ``directory/name`` unless that name exists; True when this call made it."""
+    staged = directory / f".{name}.{uuid.uuid4().hex}"
+    with open(staged, "x", encoding="utf-8") as stream:
+        stream.write(json.dumps(document, sort_keys=True) + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
+    try:
+        os.link(staged, directory / name)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        staged.unlink()
+
+
+def claim_identity(prefix: str | Path, identity_id: str) -> dict:
+    """The environment's identity: ``identity_id`` (the controller's), written now when it has none; else the one
+    written before, or by a writer that won a race."""
+    directory = environment_dir(prefix)
+    directory.mkdir(mode=0o755, exist_ok=True)
+    _publish(directory, IDENTITY, {"id": identity_id, "created_by": this_node()["name"],
+                                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    identity = read_identity(prefix)
+    if identity is None:
+        raise OSError(errno.EIO, f"{directory / IDENTITY} is not a valid identity: remove it and run again")
+    return identity
+
+
+def _process_start(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+class EnvLock:
+    """``with EnvLock(env_dir):`` hold the environment's ``lock/``, waiting up to ``wait_s`` for another holder."""
+
+    def __init__(self, env_dir: Path, wait_s: float = WAIT_S, stale_s: float = STALE_S,
+                 heartbeat_s: float = HEARTBEAT_S):
+        self.lock_dir = env_dir / LOCK
+        self.wait_s, self.stale_s, self.heartbeat_s = wait_s, stale_s, heartbeat_s
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._beating: threading.Thread | None = None
+
+    def __enter__(self) -> "EnvLock":
+        self.lock_dir.parent.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.wait_s
+        seen: tuple | None = None  # (owner file's mtime and token) when first seen, and since when
+        since = time.monotonic()
+        while True:
+            try:
+                os.mkdir(self.lock_dir, 0o755)
+                break
+            except FileExistsError:
+                pass
+            owner, mark = self._owner()
+            if mark != seen:
+                seen, since = mark, time.monotonic()
+            if self._holder_gone(owner, time.monotonic() - since):
+                self._break()
+                continue
+            if time.monotonic() >= deadline:
+                raise SharedEnvironmentBusy(
+                    f"{self.lock_dir} is held by {describe(owner)}: another node is changing this shared "
+                    f"environment; waited {self.wait_s:.0f} s. Run again once it has finished (a holder whose "
+                    f"node is gone is taken over after {self.stale_s:.0f} s without its heartbeat)")
+            time.sleep(0.2)
+        node = this_node()
+        owner = {**node, "pid": os.getpid(), "start": _process_start(os.getpid()), "token": self.token,
+                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        with open(self.lock_dir / OWNER, "x", encoding="utf-8") as stream:
+            stream.write(json.dumps(owner, sort_keys=True) + "\n")
+        self._beating = threading.Thread(target=self._beat, daemon=True)
+        self._beating.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        if self._beating is not None:
+            self._beating.join()
+        if self.held():
+            # Renamed away first: a waiter never finds the lock directory without its owner file mid-removal.
+            self._remove(self.lock_dir.with_name(f"{LOCK}.released-{self.token}"))
+
+    def held(self) -> bool:
+        owner, _ = self._owner()
+        return bool(owner) and owner.get("token") == self.token
+
+    def confirm(self) -> None:
+        """Raise unless this holder still holds the lock (a holder paused past ``stale_s`` may have lost it)."""
+        if not self.held():
+            raise SharedEnvironmentBusy(f"{self.lock_dir} was taken over by {describe(self._owner()[0])} while "
+                                        f"this command held it (paused past {self.stale_s:.0f} s?): nothing more "
+                                        f"is written; run again")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                os.utime(self.lock_dir / OWNER)
+            except OSError:
+                return  # taken over: confirm() tells the command
+
+    def _owner(self) -> tuple[dict | None, tuple | None]:
+        """The owner document (None while the holder is still writing it) and a mark that changes with each beat."""
+        path = self.lock_dir / OWNER
+        try:
+            stat = path.stat()
+            owner = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None, None
+        return owner, (stat.st_mtime_ns, owner.get("token"))
+
+    def _holder_gone(self, owner: dict | None, unchanged_s: float) -> bool:
+        node = this_node()
+        if owner and owner.get("name") == node["name"] and owner.get("boot_id") == node["boot_id"]:
+            return _process_start(owner["pid"]) != owner.get("start")
+        return unchanged_s >= self.stale_s
+
+    def _break(self) -> None:
+        """Take a dead holder's lock away; only one of several racing waiters' renames finds it."""
+        try:
+            self._remove(self.lock_dir.with_name(f"{LOCK}.broken-{uuid.uuid4().hex}"))
+        except FileNotFoundError:
+            pass
+
+    def _remove(self, aside: Path) -> None:
+        os.rename(self.lock_dir, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def describe(owner: dict | None) -> str:
+    if not owner:
+        return "a command still writing its owner file"
+    return f"pid {owner.get('pid')} on node {owner.get('name')} since {owner.get('since')}"
+
+
+def check(prefix: Path, expected: dict, wait_s: float = WAIT_S) -> dict:
+    """What a node that did not write the environment checks through its own mount, once no node's command is
+    changing it (the lock is taken and given back): the identity the writer wrote, no patch transaction in flight,
+    and the kernel tree and patched files the writer's plan, which is this node's plan too, was to leave."""
+    env_dir = environment_dir(prefix)
+    identity = read_identity(prefix)
+    problems = []
+    if identity is None or identity["id"] != expected["identity"]:
+        problems.append(f"{env_dir / IDENTITY} holds {identity and identity['id']}, not the identity "
+                        f"{expected['identity']} its writer {expected['writer']} wrote: this node does not see the "
+                        f"shared environment (a local disk at the same path?); give the host its own "
+                        f"shared_environment: false, or mount the shared one")
+        return {"ok": False, "problems": problems}
+    with EnvLock(env_dir, wait_s=wait_s):
+        journals = sorted(str(path) for path in (env_dir / STATE / "backups").glob("*/journal.json"))
+        problems += [f"{journal}: a patch transaction is unfinished (its writer was cut off); the next deploy "
+                     f"finishes it" for journal in journals]
+        kernels = expected.get("kernels")
+        if kernels:
+            found = tree_digest(Path(kernels["hsa_root"]) / "gfx90a")
+            if found != kernels["digest"]:
+                problems.append(f"{kernels['hsa_root']}/gfx90a: tree digest {found}, the writer's plan leaves "
+                                f"{kernels['digest']}")
+        for path, sha256 in sorted(expected.get("files", {}).items()):
+            found = file_sha256(path)
+            if found != sha256:
+                problems.append(f"{path}: sha256 {found}, the writer's plan leaves {sha256}")
+    return {"ok": not problems, "problems": problems, "identity": identity["id"],
+            "checked_files": len(expected.get("files", {})), "checked_kernels": bool(kernels)}
+
+
+def forget(prefix: Path) -> dict:
+    """Take the tool's directory out of the environment (rollback, once nothing of the deploy is left in it)."""
+    env_dir = environment_dir(prefix)
+    if not env_dir.exists():
+        return {"result": "unchanged"}
+    aside = env_dir.with_name(f"{ENV_DIR}.removing-{uuid.uuid4().hex}")
+    os.rename(env_dir, aside)
+    shutil.rmtree(aside)
+    return {"result": "removed", "path": str(env_dir)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``claim --prefix P --id ID``: write the identity unless one is there; ``check --prefix P --expect JSON``:
+    a non-writing node's check (``check``); ``forget --prefix P``: remove ``P/.cdna2``."""
+    parser = argparse.ArgumentParser(prog="python -m cdna2.host.env_lock", description=main.__doc__)
+    parser.add_argument("action", choices=["claim", "check", "forget"])
+    parser.add_argument("--prefix", type=Path, required=True)
+    parser.add_argument("--id")
+    parser.add_argument("--expect", help="JSON: identity, writer, kernels {hsa_root, digest}, files {path: sha256}")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "claim":
+            identity = claim_identity(args.prefix, args.id)
+            result = {"result": "claimed" if identity["id"] == args.id else "unchanged", "identity": identity}
+        elif args.action == "check":
+            result = check(args.prefix, json.loads(args.expect))
+            if not result["ok"]:
+                return finish("shared environment check", result, "; ".join(result["problems"]))
+        else:
+            result = forget(args.prefix)
+    except (OSError, SharedEnvironmentBusy) as error:
+        return finish(f"shared environment {args.action}", {"result": "failed", "error": str(error)}, str(error))
+    return finish(f"shared environment {args.action}", result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

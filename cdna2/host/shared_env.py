@@ -1,0 +1,66 @@
+"""One Python environment on a shared filesystem (NFS, Lustre) that many nodes provision: its identity, its state
+directory and the lock that serialises the nodes' writes to it. This module is the layout, which the probe reads
+too (so no json, re or threads here); the lock and the commands are in cdna2/host/env_lock.py.
+
+Layout, inside the environment (``<prefix>/.cdna2/``):
+
+- ``identity.json``: which environment this is, written once, by the first deploy that provisions it as shared.
+  Every other node of the run then checks that it reads the same identity through its own mount: two nodes that
+  see one identity see one directory; a local disk at the same path (a node cloned from one image) does not have
+  it. It is made whole in a staged file and published with ``link()``, which fails when the name exists: atomic on
+  a local disk, on NFSv3+ and on Lustre, so racing writers all end up reading the one that won.
+- ``state/``: the environment's state directory (records, patch backups, the host agent) when the hosts sharing it
+  are deployed as one (host data ``shared_environment``): any node of a later run, another allocation's included,
+  finds what the last writer recorded, and can finish an interrupted transaction from its journal.
+- ``lock/``: held while a command changes the environment. ``mkdir`` is the primitive, not ``flock``: Lustre gives
+  ``flock`` only when mounted with ``-o flock`` (node-local with ``-o localflock``, ENOSYS without either) and NFS
+  emulates it with byte-range locks that depend on lockd or v4 leases; ``mkdir`` is atomic on every one of them.
+  The holder writes ``owner.json`` into it and touches it every ``HEARTBEAT_S`` (env_lock.py) from a thread. A waiter takes over
+  a lock whose holder is gone: on its own node, when the holder's process has ended; from another node, when the
+  owner file's mtime has not changed for ``STALE_S`` of the waiter's own clock (values are compared, never clocks,
+  so the nodes' clock skew does not matter).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from cdna2.host.jsontext import json_loads
+
+ENV_DIR = ".cdna2"
+IDENTITY = "identity.json"
+STATE = "state"
+
+
+def environment_dir(prefix: str | os.PathLike) -> Path:
+    return Path(prefix) / ENV_DIR
+
+
+def shared_state_dir(prefix: str | os.PathLike) -> Path:
+    return environment_dir(prefix) / STATE
+
+
+def shared_environment_of(state_dir: Path) -> Path | None:
+    """The environment's ``.cdna2`` directory when ``state_dir`` is a shared environment's state directory."""
+    return state_dir.parent if state_dir.name == STATE and state_dir.parent.name == ENV_DIR else None
+
+
+def this_node() -> dict[str, str]:
+    """The node a command runs on: its host name and the kernel's boot id (a rebooted node is another node)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as stream:
+            boot_id = stream.read().strip()
+    except OSError:
+        boot_id = ""
+    return {"name": socket.gethostname(), "boot_id": boot_id}
+
+
+def read_identity(prefix: str | os.PathLike) -> dict | None:
+    try:
+        with open(environment_dir(prefix) / IDENTITY, encoding="utf-8") as stream:
+            identity = json_loads(stream.read())
+    except (OSError, ValueError):
+        return None
+    return identity if isinstance(identity, dict) and isinstance(identity.get("id"), str) else None

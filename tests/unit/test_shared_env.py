@@ -1,0 +1,214 @@
+"""A shared environment's identity, lock and checks (cdna2/host/shared_env.py, cdna2/host/env_lock.py), with real
+processes on a local disk. What a local disk cannot show: NFS attribute caching and Lustre's mount options; the
+lab's shared environments (tests/lab/test_shared_environment.py) are bind mounts, a local disk too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cdna2.host import env_lock, txn
+from cdna2.host.digests import file_sha256, tree_digest
+from cdna2.host.env_lock import EnvLock, SharedEnvironmentBusy, check, claim_identity
+from cdna2.host.shared_env import read_identity, shared_environment_of, shared_state_dir
+from cdna2.host.state import host_lock, read_lease
+from tests.unit.racing import SPAWN
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _claim(prefix: str, identity_id: str, barrier, results) -> None:
+    barrier.wait()
+    results.put(claim_identity(prefix, identity_id)["id"])
+
+
+def test_racing_claims_agree_on_one_whole_identity(tmp_path: Path) -> None:
+    barrier, results = SPAWN.Barrier(6), SPAWN.Queue()
+    racers = [SPAWN.Process(target=_claim, args=(str(tmp_path), f"id-{n}", barrier, results)) for n in range(6)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+        assert racer.exitcode == 0
+    ids = {results.get(timeout=5) for _ in racers}
+    assert len(ids) == 1 and ids <= {f"id-{n}" for n in range(6)}, ids
+    assert read_identity(tmp_path)["id"] in ids
+    assert sorted(path.name for path in (tmp_path / ".cdna2").iterdir()) == ["identity.json"], "no staged file left"
+
+
+def _count_under_lock(env_dir: str, barrier) -> None:
+    barrier.wait()
+    counter = Path(env_dir) / "counter"
+    for _ in range(15):
+        with EnvLock(Path(env_dir), heartbeat_s=0.05):
+            value = int(counter.read_text()) if counter.exists() else 0
+            time.sleep(0.002)  # a read-modify-write that loses updates unless the lock excludes the others
+            counter.write_text(str(value + 1))
+
+
+def test_the_lock_lets_one_process_in_at_a_time(tmp_path: Path) -> None:
+    barrier = SPAWN.Barrier(4)
+    racers = [SPAWN.Process(target=_count_under_lock, args=(str(tmp_path), barrier)) for _ in range(4)]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+        assert racer.exitcode == 0
+    assert (tmp_path / "counter").read_text() == "60"
+    assert not (tmp_path / "lock").exists(), "released"
+    assert not list(tmp_path.glob("lock.*")), "nothing set aside is left"
+
+
+def _hold_forever(env_dir: str, ready) -> None:
+    with EnvLock(Path(env_dir)):
+        ready.set()
+        time.sleep(600)
+
+
+def test_a_killed_holder_on_this_node_is_taken_over_at_once(tmp_path: Path) -> None:
+    ready = SPAWN.Event()
+    holder = SPAWN.Process(target=_hold_forever, args=(str(tmp_path), ready))
+    holder.start()
+    assert ready.wait(30)
+    with pytest.raises(SharedEnvironmentBusy, match=f"pid {holder.pid} on node {os.uname().nodename}"):
+        with EnvLock(tmp_path, wait_s=0.5):
+            pass
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join()
+    started = time.monotonic()
+    with EnvLock(tmp_path, wait_s=5, stale_s=60) as lock:
+        assert lock.held()
+    assert time.monotonic() - started < 5, "its process is gone: no wait for the heartbeat"
+
+
+def another_node_holds(env_dir: Path, pid: int = 4242) -> Path:
+    """The lock as a command on another node leaves it: an owner file naming that node."""
+    (env_dir / "lock").mkdir()
+    owner = env_dir / "lock" / "owner.json"
+    owner.write_text(json.dumps({"name": "nid001007", "boot_id": "other", "pid": pid, "start": "1",
+                                 "token": "theirs", "since": "2026-12-05T10:00:00Z"}))
+    return owner
+
+
+def test_another_nodes_holder_is_waited_for_while_its_heartbeat_goes_on_and_taken_over_when_it_stops(
+        tmp_path: Path) -> None:
+    owner = another_node_holds(tmp_path)
+    beating = subprocess.Popen([sys.executable, "-c", f"import os, time\nwhile True: os.utime({str(owner)!r}); "
+                                                      "time.sleep(0.1)"])
+    try:
+        with pytest.raises(SharedEnvironmentBusy, match="pid 4242 on node nid001007 since 2026-12-05T10:00:00Z"):
+            with EnvLock(tmp_path, wait_s=1.5, stale_s=1.0):
+                pass
+    finally:
+        beating.kill()
+        beating.wait()
+    started = time.monotonic()
+    with EnvLock(tmp_path, wait_s=10, stale_s=1.0) as lock:
+        assert lock.held()
+    assert 1.0 <= time.monotonic() - started < 5
+
+
+def test_a_holder_that_lost_the_lock_is_told_before_it_writes(tmp_path: Path) -> None:
+    with EnvLock(tmp_path, heartbeat_s=0.05) as lock:
+        lock.confirm()
+        os.rename(tmp_path / "lock", tmp_path / "lock.broken-by-test")  # what a waiter's takeover does
+        another_node_holds(tmp_path)
+        with pytest.raises(SharedEnvironmentBusy, match="was taken over by pid 4242 on node nid001007"):
+            lock.confirm()
+    assert (tmp_path / "lock" / "owner.json").exists(), "the new holder's lock is not released by the old one"
+
+
+def test_a_shared_state_directory_is_locked_across_nodes_and_takes_no_run_lease(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    state_dir = shared_state_dir(tmp_path)
+    assert shared_environment_of(state_dir) == tmp_path / ".cdna2"
+    assert shared_environment_of(tmp_path / "state") is None
+    monkeypatch.setenv("CDNA2_RUN", "run-1")
+    with host_lock(state_dir):
+        assert (tmp_path / ".cdna2" / "lock" / "owner.json").exists()
+    assert read_lease(state_dir) is None, "the run lease is one node's: not in a shared environment"
+    assert not (tmp_path / ".cdna2" / "lock").exists()
+
+
+def test_a_transaction_in_a_shared_environment_holds_its_lock_and_leaves_no_empty_backups(tmp_path: Path) -> None:
+    root = tmp_path / "site-packages"
+    (root / "aiter").mkdir(parents=True)
+    target = root / "aiter" / "core.py"
+    target.write_text("stock\n")
+    staged = root / "aiter" / ".core.py.staged"
+    staged.write_text("patched\n")
+    backup_dir = shared_state_dir(tmp_path) / "backups" / "amd-aiter"
+    seen = []
+    real_rename = txn._rename
+
+    def watched_rename(source, destination):
+        seen.append((tmp_path / ".cdna2" / "lock" / "owner.json").exists())
+        real_rename(source, destination)
+
+    txn._rename = watched_rename
+    try:
+        txn.apply({"package": "amd-aiter", "root": str(root), "backup_dir": str(backup_dir),
+                   "changes": [{"path": "aiter/core.py", "staged": str(staged), "expected_sha256": file_sha256(target),
+                                "new_sha256": file_sha256(staged)}]})
+    finally:
+        txn._rename = real_rename
+    assert seen == [True] and target.read_text() == "patched\n"
+    txn.revert(backup_dir, root)
+    assert target.read_text() == "stock\n"
+    assert not backup_dir.exists() and not (tmp_path / ".cdna2" / "lock").exists()
+
+
+def test_the_check_of_a_non_writing_node_names_every_difference(tmp_path: Path) -> None:
+    claim_identity(tmp_path, "env-1")
+    hsa = tmp_path / "hsa"
+    (hsa / "gfx90a").mkdir(parents=True)
+    (hsa / "gfx90a" / "fmha.co").write_bytes(b"kernel")
+    patched = tmp_path / "core.py"
+    patched.write_text("patched\n")
+    expected = {"identity": "env-1", "writer": "mi210-a",
+                "kernels": {"hsa_root": str(hsa), "digest": tree_digest(hsa / "gfx90a")},
+                "files": {str(patched): file_sha256(patched)}}
+    assert check(tmp_path, expected) == {"ok": True, "problems": [], "identity": "env-1", "checked_files": 1,
+                                         "checked_kernels": True}
+
+    patched.write_text("half\n")
+    (hsa / "gfx90a" / "fmha.co").write_bytes(b"other")
+    journal = shared_state_dir(tmp_path) / "backups" / "vllm" / "journal.json"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("{}")
+    problems = check(tmp_path, expected)["problems"]
+    assert [problem.split(":")[0] for problem in problems] == [str(journal), f"{hsa}/gfx90a", str(patched)], problems
+
+    assert check(tmp_path, {**expected, "identity": "env-2"})["problems"] == [
+        f"{tmp_path}/.cdna2/identity.json holds env-1, not the identity env-2 its writer mi210-a wrote: this node "
+        "does not see the shared environment (a local disk at the same path?); give the host its own "
+        "shared_environment: false, or mount the shared one"]
+
+
+def test_the_commands_print_json_and_fail_by_exit_status(tmp_path: Path) -> None:
+    def run(*args: str) -> tuple[int, dict, str]:
+        done = subprocess.run([sys.executable, "-m", "cdna2.host.env_lock", *args], cwd=REPO, capture_output=True,
+                              text=True)
+        return done.returncode, json.loads(done.stdout), done.stderr
+
+    assert run("claim", "--prefix", str(tmp_path), "--id", "env-1")[:2] == (
+        0, {"result": "claimed", "identity": read_identity(tmp_path)})
+    assert run("claim", "--prefix", str(tmp_path), "--id", "env-2")[1]["result"] == "unchanged"
+    code, result, stderr = run("check", "--prefix", str(tmp_path), "--expect",
+                               json.dumps({"identity": "env-2", "writer": "mi210-a"}))
+    assert code == 1 and not result["ok"] and stderr.startswith("shared environment check failed: ")
+    assert run("forget", "--prefix", str(tmp_path))[:2] == (0, {"result": "removed",
+                                                                 "path": f"{tmp_path}/.cdna2"})
+    assert not (tmp_path / ".cdna2").exists() and run("forget", "--prefix", str(tmp_path))[1] == {
+        "result": "unchanged"}
+
+
+def test_a_few_late_heartbeats_never_look_like_a_dead_node() -> None:
+    assert env_lock.STALE_S >= 10 * env_lock.HEARTBEAT_S
