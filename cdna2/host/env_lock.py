@@ -57,7 +57,7 @@ def _publish(directory: Path, name: str, document: dict) -> bool:
 def claim_identity(prefix: str | Path, identity_id: str) -> dict:
     """The environment's identity: ``identity_id`` (the controller's), written now when it has none; else the one
     written before, or by a writer that won a race."""
-    directory = environment_dir(prefix)
+    directory = Path(environment_dir(prefix))
     directory.mkdir(mode=0o755, exist_ok=True)
     _publish(directory, IDENTITY, {"id": identity_id, "created_by": this_node()["name"],
                                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -181,7 +181,7 @@ def check(prefix: Path, expected: dict, wait_s: float = WAIT_S) -> dict:
     """What a node that did not write the environment checks through its own mount, once no node's command is
     changing it (the lock is taken and given back): the identity the writer wrote, no patch transaction in flight,
     and the kernel tree and patched files the writer's plan, which is this node's plan too, was to leave."""
-    env_dir = environment_dir(prefix)
+    env_dir = Path(environment_dir(prefix))
     identity = read_identity(prefix)
     problems = []
     if identity is None or identity["id"] != expected["identity"]:
@@ -210,7 +210,7 @@ def check(prefix: Path, expected: dict, wait_s: float = WAIT_S) -> dict:
 
 def forget(prefix: Path) -> dict:
     """Take the tool's directory out of the environment (rollback, once nothing of the deploy is left in it)."""
-    env_dir = environment_dir(prefix)
+    env_dir = Path(environment_dir(prefix))
     if not env_dir.exists():
         return {"result": "unchanged"}
     aside = env_dir.with_name(f"{ENV_DIR}.removing-{uuid.uuid4().hex}")

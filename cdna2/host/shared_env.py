@@ -24,8 +24,6 @@ Layout, inside the environment (``<prefix>/.cdna2/``):
 from __future__ import annotations
 
 import os
-import socket
-from pathlib import Path
 
 from cdna2.host.jsontext import json_loads
 
@@ -34,17 +32,19 @@ IDENTITY = "identity.json"
 STATE = "state"
 
 
-def environment_dir(prefix: str | os.PathLike) -> Path:
-    return Path(prefix) / ENV_DIR
+# Paths as strings (os.path): pathlib imports re, which the probe does without (cdna2/host/probe.py).
+def environment_dir(prefix: str | os.PathLike) -> str:
+    return os.path.join(prefix, ENV_DIR)
 
 
-def shared_state_dir(prefix: str | os.PathLike) -> Path:
-    return environment_dir(prefix) / STATE
+def shared_state_dir(prefix: str | os.PathLike) -> str:
+    return os.path.join(prefix, ENV_DIR, STATE)
 
 
-def shared_environment_of(state_dir: Path) -> Path | None:
+def shared_environment_of(state_dir: str | os.PathLike) -> str | None:
     """The environment's ``.cdna2`` directory when ``state_dir`` is a shared environment's state directory."""
-    return state_dir.parent if state_dir.name == STATE and state_dir.parent.name == ENV_DIR else None
+    parent, name = os.path.split(os.fspath(state_dir).rstrip("/"))
+    return parent if name == STATE and os.path.basename(parent) == ENV_DIR else None
 
 
 def this_node() -> dict[str, str]:
@@ -54,12 +54,12 @@ def this_node() -> dict[str, str]:
             boot_id = stream.read().strip()
     except OSError:
         boot_id = ""
-    return {"name": socket.gethostname(), "boot_id": boot_id}
+    return {"name": os.uname().nodename, "boot_id": boot_id}
 
 
 def read_identity(prefix: str | os.PathLike) -> dict | None:
     try:
-        with open(environment_dir(prefix) / IDENTITY, encoding="utf-8") as stream:
+        with open(os.path.join(prefix, ENV_DIR, IDENTITY), encoding="utf-8") as stream:
             identity = json_loads(stream.read())
     except (OSError, ValueError):
         return None

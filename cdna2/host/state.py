@@ -113,7 +113,7 @@ def host_lock(state_dir: Path, wait_seconds: float = 0.0) -> Iterator[None]:
     if shared is not None:
         state_dir.mkdir(parents=True, exist_ok=True)
         try:
-            with EnvLock(shared):
+            with EnvLock(Path(shared)):
                 yield
         except SharedEnvironmentBusy as error:
             raise HostLockedError(str(error)) from error

@@ -91,7 +91,7 @@ def _take_lock(backup_dir: Path):
 def _locked(backup_dir: Path):
     shared = shared_environment_of(backup_dir.parent.parent)
     if shared is not None:  # a shared environment's backups: its mkdir lock serialises every node (shared_env.py)
-        with EnvLock(shared):
+        with EnvLock(Path(shared)):
             backup_dir.mkdir(parents=True, exist_ok=True)
             try:
                 yield

@@ -127,8 +127,8 @@ def test_a_holder_that_lost_the_lock_is_told_before_it_writes(tmp_path: Path) ->
 
 def test_a_shared_state_directory_is_locked_across_nodes_and_takes_no_run_lease(tmp_path: Path,
                                                                                   monkeypatch) -> None:
-    state_dir = shared_state_dir(tmp_path)
-    assert shared_environment_of(state_dir) == tmp_path / ".cdna2"
+    state_dir = Path(shared_state_dir(tmp_path))
+    assert shared_environment_of(state_dir) == str(tmp_path / ".cdna2")
     assert shared_environment_of(tmp_path / "state") is None
     monkeypatch.setenv("CDNA2_RUN", "run-1")
     with host_lock(state_dir):
@@ -144,7 +144,7 @@ def test_a_transaction_in_a_shared_environment_holds_its_lock_and_leaves_no_empt
     target.write_text("stock\n")
     staged = root / "aiter" / ".core.py.staged"
     staged.write_text("patched\n")
-    backup_dir = shared_state_dir(tmp_path) / "backups" / "amd-aiter"
+    backup_dir = Path(shared_state_dir(tmp_path)) / "backups" / "amd-aiter"
     seen = []
     real_rename = txn._rename
 
@@ -180,7 +180,7 @@ def test_the_check_of_a_non_writing_node_names_every_difference(tmp_path: Path) 
 
     patched.write_text("half\n")
     (hsa / "gfx90a" / "fmha.co").write_bytes(b"other")
-    journal = shared_state_dir(tmp_path) / "backups" / "vllm" / "journal.json"
+    journal = Path(shared_state_dir(tmp_path)) / "backups" / "vllm" / "journal.json"
     journal.parent.mkdir(parents=True)
     journal.write_text("{}")
     problems = check(tmp_path, expected)["problems"]
