@@ -22,19 +22,21 @@ from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
                         disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
-                        shared_environment_refusal, target_env_error, with_data_arch)
+                        target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
+from cdna2.shared_environments import CHECKER, WRITER, checker_expectation, role_summary, shared_environment_refusal
 from cdna2.wheels import WheelPlanError
-from operations.agent import agent_installed, current_agent_bundle
+from operations.agent import RUN, agent_installed, current_agent_bundle
 from operations.bench import BenchRecorder, benchmarked
 from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files
-from operations.preflight import (environment_claimed_by, fp8_configs_of, load_data_files, probe_announced,
-                                  validate_inventory)
+from operations.preflight import (environment_claimed_by, environment_identity, fp8_configs_of, load_data_files,
+                                  probe_announced, validate_inventory)
 from operations.report import RunRecorder
+from operations.shared import environment_checked, environment_claimed
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
 from operations.wheels import packages as wheel_packages
@@ -58,8 +60,8 @@ probe = probe_announced(inventory, host.name, lambda: host_probe(
     known_contents=known_hashes(), record_memo=record_memo(host.name)))
 remember_records(host.name, probe)
 # The tool's directory on this host: host data's state_dir, else the login's default the probe found there
-# (/var/lib/cdna2 for root, the XDG state directory of an unprivileged login). Nothing outside it and the Python
-# environment is written.
+# (/var/lib/cdna2 for root, the XDG state directory of an unprivileged login); for a shared_environment host, the
+# environment's own (<prefix>/.cdna2/state). Nothing outside it and the Python environment is written.
 state_dir = probe["state_dir"]["path"]
 # An image is built without a GPU: its arch comes from data (gpu_arch) and the GPU checks say why they cannot run.
 # Only a container target may have no GPU: any other host showing none with gpu_arch set, or with gfx90a GPUs on its
@@ -87,8 +89,13 @@ space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_b
 # A login that may not write where the run must (a read-only environment, a directory of another owner) is
 # refused here, by path, before anything changes.
 write_error = None if env_error else write_access_refusal(probe)
-# One environment seen by several hosts (a shared filesystem) is provisioned by the first of them only.
-shared_error = shared_environment_refusal(probe, environment_claimed_by(inventory, host.name))
+# One environment seen by several hosts (a shared filesystem) is written by the first of them in inventory order
+# (writer None: this host). With shared_environment set on both, this host checks it after the writer and tests its
+# own GPUs; else it is refused.
+writer = environment_claimed_by(inventory, host.name)
+writes = writer is None
+shared_error = shared_environment_refusal(probe, writer, data.shared_environment and bool(writer) and
+                                          inventory.get_host(writer).data.shared_environment)
 problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
 
 if problem:
@@ -98,6 +105,14 @@ if problem:
                            name="preflight: the host can be provisioned")
 else:
     arch = probe["gpu"]["arch"] or "no GPU agent"
+    identity = environment_identity(inventory, probe) if data.shared_environment else None
+    if identity:
+        report.host(host.name).details["shared_environment"] = role_summary(
+            WRITER if writes else CHECKER, writer or host.name, probe, identity)
+    by_writer = f"written by {writer} (shared environment {probe['python']['prefix']})"
+    # What this run changes in the environment; a host that shares it and does not write it plans the same from
+    # the same files, issues none of it, and checks the writer's result instead.
+    env_changes = []
     report.step(host.name, "probe", "ok", f"{arch} ({no_gpu_reason}), ROCm {probe['rocm']['version']}" if no_gpu_reason
                 else f"{arch}, ROCm {probe['rocm']['version']}")
 
@@ -106,13 +121,13 @@ else:
 
     # 3. The host agent first: the later steps run their on-host halves from it.
     agent = current_agent_bundle()
-    if probe["agent"]["digest"] != agent.digest:
+    if probe["agent"]["digest"] != agent.digest and (writes or not data.shared_environment):
         agent_installed(name="agent: host-side modules are current", bundle=agent, state_dir=state_dir,
                         installed_digest=probe["agent"]["digest"], target_python=data.target_python)
 
     # What the host had before the first deploy: rollback restores triton from it.
     baseline = installed_versions(probe)
-    if record_needed("baseline", baseline, probe["state"], once=True):
+    if writes and record_needed("baseline", baseline, probe["state"], once=True):
         recorded(name="state: the pre-deploy baseline is recorded", key="baseline", value=baseline,
                  current_state=probe["state"], target_python=data.target_python, state_dir=state_dir, once=True)
 
@@ -122,7 +137,8 @@ else:
     else:
         report.step(host.name, "wheels", PLANNED if actions else UNCHANGED, "; ".join(requirements) or "as planned")
         report.host(host.name).package_changes(requirements)
-        if actions:
+        env_changes += ["wheels"] if actions else []
+        if actions and writes:
             wheel_packages(name="wheels: ROCm-matched wheels, triton 3.7.1 last", plan=wheel_plan,
                            state_dir=state_dir)
 
@@ -138,7 +154,8 @@ else:
             report.host(host.name).notes.append(
                 f"kernel_hazard_policy permissive: {tree.hazard_verdicts['short-straight-line']} kernels short of "
                 "gfx90a's MFMA wait states in straight-line code are installed")
-        if needs_upload:
+        env_changes += ["kernels"] if needs_upload else []
+        if needs_upload and writes:
             translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
                                hsa_root=probe["aiter"]["hsa_root"], installed_digest=probe["aiter"]["gfx90a_digest"],
                                site_packages=probe["distributions"]["amd-aiter"]["location"],
@@ -172,7 +189,8 @@ else:
         report.host(host.name).notes.extend(f"{step}: {note}" for note in
                                             plan.notes + list(plan.declined.values()) + [f"audit: {finding}" for
                                                                                          finding in plan.audit])
-        if status != UNCHANGED:  # to apply, or refused: the operation fails the host with the reasons
+        env_changes += [(found["location"], plan)] if status != UNCHANGED else []
+        if status != UNCHANGED and writes:  # to apply, or refused: the operation fails the host with the reasons
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=state_dir)
 
@@ -182,10 +200,27 @@ else:
         plan = plan_configs(fp8_configs, files, (probe["backups"].get(CONFIGS_PLAN) or {}).get("files", {}))
         status = plan_step_status(plan.status)
         report.step(host.name, "fp8 configs", status, "; ".join(plan.reasons) or f"{len(fp8_configs)} files")
-        if status != UNCHANGED:
+        env_changes += [(probe["distributions"]["vllm"]["location"], plan)] if status != UNCHANGED else []
+        if status != UNCHANGED and writes:
             patched_package(name="fp8 configs: vLLM has the tuned MI210 block-FP8 configs", plan=plan,
                             site_packages=probe["distributions"]["vllm"]["location"],
                             target_python=data.target_python, state_dir=state_dir)
+
+    # 6c. A shared environment: its writer marks it as written by this run (and gives it its identity, once); every
+    #     other host of it, once the writer is done, checks through its own mount that it holds what the plan leaves.
+    if identity and env_changes:
+        environment_claimed(name="shared environment: this run writes it", writer=writer, identity_id=identity,
+                            prefix=probe["python"]["prefix"], target_python=data.target_python, state_dir=state_dir)
+        if not writes:
+            report.host(host.name).hand_over(by_writer)
+            report.step(host.name, "shared environment", PLANNED, by_writer)
+            environment_checked(name="shared environment: the writer's result is here", writer=writer,
+                                expectation=checker_expectation(
+                                    identity, writer, RUN, tree and {"hsa_root": probe["aiter"]["hsa_root"],
+                                                                     "digest": tree.digest},
+                                    [change for change in env_changes if isinstance(change, tuple)]),
+                                prefix=probe["python"]["prefix"], target_python=data.target_python,
+                                state_dir=state_dir)
 
     # 7. Prove it on gfx90a hosts, once per state they are left in. The smoke test is told the arch the probe saw:
     #    on a gfx90a host a GPU that cannot be used fails it (and no pass is recorded); never "passed" without one.
@@ -208,7 +243,7 @@ else:
                      gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
-    if not reinstalled and record_needed("deployed", deployed, probe["state"]):
+    if writes and not reinstalled and record_needed("deployed", deployed, probe["state"]):
         recorded(name="state: the deployed state is recorded", key="deployed", value=deployed,
                  current_state=probe["state"], target_python=data.target_python, state_dir=state_dir)
 

@@ -9,12 +9,16 @@ and empty the tool's state directory; then check every AITER and vLLM file again
 never provisioned, or only half, gets only what it needs; a second rollback changes nothing.
 """
 
+import os
+
 from pyinfra import host, inventory, state
 
+from cdna2.host.probe import SHARED_SOURCE
 from cdna2.login import write_access_refusal
-from cdna2.plan import shared_environment_refusal, sudo_refusal, target_env_error, with_data_arch
+from cdna2.plan import sudo_refusal, target_env_error, with_data_arch
 from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
-from cdna2.rollback import plan_rollback
+from cdna2.rollback import RollbackPlan, plan_rollback
+from cdna2.shared_environments import shared_environment_refusal
 from cdna2.translated import load_adaptations
 from cdna2.wheels import WheelPlanError, load_matrix, triton_restore_action
 from operations.agent import agent_installed, current_agent_bundle
@@ -40,13 +44,20 @@ summarise_probe(report.host(host.name), probe)
 env_error = target_env_error(probe)
 state_dir = probe["state_dir"]["path"]  # host data's, else the login's default (cdna2/login.py)
 kernel_jit = sorted({pattern for adaptation in load_adaptations() for pattern in adaptation["invalidates"]})
-plan = plan_rollback(probe, probe["state_dir_used"], data.rollback_restore_triton, kernel_jit)
+shared_dir = os.path.dirname(state_dir) if probe["state_dir"]["source"] == SHARED_SOURCE else None
+plan = plan_rollback(probe, probe["state_dir_used"], data.rollback_restore_triton, kernel_jit, shared_dir)
+rolled_back_by = None
 if env_error and (not plan.empty or sudo_refusal(probe)):  # unprivileged, the probe may miss what there is to undo
     plan.problems.append(env_error)
 elif not plan.empty and write_access_refusal(probe):  # found before anything is undone, by path
     plan.problems.append(write_access_refusal(probe))
-elif shared := shared_environment_refusal(probe, environment_claimed_by(inventory, host.name)):
-    plan.problems.append(shared)  # a shared environment is rolled back once, from its first host
+elif writer := environment_claimed_by(inventory, host.name):
+    # A shared environment is rolled back once, by its first host; with shared_environment set, the others only
+    # check its files against RECORD afterwards, through their own mounts.
+    if shared := shared_environment_refusal(probe, writer, data.shared_environment):
+        plan.problems.append(shared)
+    else:
+        plan, rolled_back_by = RollbackPlan(), writer
 
 # 3. The pip action that restores triton, from the same sources the deploy used.
 triton = None
@@ -58,7 +69,9 @@ if plan.restore_triton:
         plan.problems.append(str(error))
 
 status = FAILED if plan.problems else (UNCHANGED if plan.empty else PLANNED)
-report.step(host.name, "rollback", status, "; ".join(plan.problems or plan.describe()) or "nothing to undo")
+report.step(host.name, "rollback", status, "; ".join(plan.problems or plan.describe()) or (
+    f"rolled back once, by {rolled_back_by} (shared environment {probe['python']['prefix']})" if rolled_back_by
+    else "nothing to undo"))
 
 # 4. Undo, then prove: the agent in the state dir runs the undo steps and is removed with it.
 if not (plan.empty or plan.problems):

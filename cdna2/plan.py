@@ -186,16 +186,3 @@ def upload_space_problem(statfs: str, needed_bytes: int, directory: str, host_na
         return None
     return (f"no space left on {directory} on {host_name}: the kernel archive needs {needed_bytes} bytes, {free} "
             f"bytes and {inodes} inodes are free now (the disk filled up during the upload)")
-
-
-def shared_environment_refusal(probe: dict[str, Any], claimed_by: str | None) -> str | None:
-    """Why this host is refused when another host of the run (``claimed_by``, the first one probed with the same
-    environment) already provisions the very directory its target environment is: a shared filesystem mounted on
-    both. Two writers in one environment would translate, swap, patch and record into the same files at once."""
-    if claimed_by is None:
-        return None
-    prefix = probe["python"]["prefix"]
-    return (f"its Python environment {prefix} is the directory host {claimed_by} provisions in this run (the same "
-            f"environment on a shared filesystem: fingerprint {probe['python']['fingerprint']}); one environment "
-            f"shared by several hosts is provisioned from one of them only: run with --limit {claimed_by}, then "
-            f"check the others' GPUs with the smoke test by hand (shared environments are not yet deployed as one)")

@@ -19,6 +19,8 @@ REPORT_FORMAT = 2
 
 # Step statuses, in the order a reader cares about them.
 FAILED, CHANGED, PLANNED, UNCHANGED, SKIPPED = "failed", "changed", "planned", "unchanged", "skipped"
+# A step another host does for this one: the writer of a shared environment (cdna2/shared_environments.py).
+BY_WRITER = "by writer"
 
 
 def plan_step_status(plan_status: str) -> str:
@@ -60,6 +62,12 @@ class HostRow:
             name, _, version = requirement.partition("==")
             if name in self.packages and version:
                 self.packages[name] = f"{self.packages[name] or '-'} -> {version}"
+
+    def hand_over(self, writer: str) -> None:
+        """Mark every step planned so far as done by ``writer`` (a host sharing this one's environment)."""
+        for name, step in self.steps.items():
+            if step.status == PLANNED:
+                self.steps[name] = StepResult(BY_WRITER, f"{writer}: {step.detail}")
 
     @property
     def status(self) -> str:
@@ -140,6 +148,23 @@ class RunReport:
             sets.setdefault(line, []).append(row.host)
         return {_label(index): [line, *hosts] for index, (line, hosts) in enumerate(sets.items())}
 
+    def shared_environments(self) -> list[dict[str, Any]]:
+        """Per environment several hosts share (host data ``shared_environment``): the host that wrote it in this
+        run, and the hosts whose own checks passed (its smoke test, with the environment as written)."""
+        environments: dict[str, dict[str, Any]] = {}
+        for row in self.sorted_rows():
+            entry = row.details.get("shared_environment")
+            if not entry:
+                continue
+            environment = environments.setdefault(entry["identity"], {
+                "identity": entry["identity"], "prefix": entry["prefix"], "writer": entry["writer"],
+                "hosts": [], "verified_by": []})
+            environment["hosts"].append(row.host)
+            smoke = row.steps.get("smoke")
+            if row.status != FAILED and smoke is not None and smoke.status == "ok":
+                environment["verified_by"].append(row.host)
+        return list(environments.values())
+
     def to_json(self) -> dict[str, Any]:
         labels = {host: label for label, (_, *hosts) in self.package_sets().items() for host in hosts}
         return {
@@ -152,6 +177,7 @@ class RunReport:
             "hosts": [dict(asdict(row), status=row.status, outcome=self.outcome(row), package_set=labels[row.host])
                       for row in self.sorted_rows()],
             "failed_hosts": [row.host for row in self.sorted_rows() if row.status == FAILED],
+            "shared_environments": self.shared_environments(),
         }
 
     def to_markdown(self) -> str:
@@ -181,6 +207,13 @@ class RunReport:
         lines += ["", "## Package sets", ""]
         lines += [f"- {label} ({len(hosts)} host{'' if len(hosts) == 1 else 's'}): {line}"
                   for label, (line, *hosts) in package_sets.items()]
+        if shared := self.shared_environments():
+            lines += ["", "## Shared environments", ""]
+            lines += [f"- {env['prefix']} (identity {env['identity'][:12]}): written by {env['writer']}, verified on "
+                      f"{len(env['verified_by'])} of its {len(env['hosts'])} hosts"
+                      + ("" if len(env["verified_by"]) == len(env["hosts"]) else
+                         f" (not: {', '.join(sorted(set(env['hosts']) - set(env['verified_by'])))})")
+                      for env in shared]
         # A reason that leaves steps of many hosts skipped (a gfx942 host left alone) is written once, with its hosts.
         skipped: dict[str, list[str]] = {}
         for row in rows:

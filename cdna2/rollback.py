@@ -22,6 +22,7 @@ class RollbackPlan:
     site_packages: str | None = None
     restore_triton: str | None = None
     clear_state: bool = False
+    environment_dir: str | None = None  # a shared environment's .cdna2, removed whole instead of the state emptied
     problems: list[str] = field(default_factory=list)  # what blocks the rollback (the host is failed, untouched)
 
     @property
@@ -37,14 +38,17 @@ class RollbackPlan:
         if self.restore_triton:
             lines.append(f"reinstall triton=={self.restore_triton} (recorded before the first deploy)")
         if self.clear_state:
-            lines.append("clear the tool's state directory")
+            lines.append(f"remove {self.environment_dir}" if self.environment_dir
+                         else "clear the tool's state directory")
         return lines
 
 
 def plan_rollback(probe: dict[str, Any], state_dir_used: bool, restore_triton: bool,
-                  kernel_jit_patterns: list[str]) -> RollbackPlan:
-    """Plan the rollback of a probed host. ``state_dir_used``: the probe found the tool's state dir non-empty."""
-    plan = RollbackPlan(clear_state=state_dir_used)
+                  kernel_jit_patterns: list[str], environment_dir: str | None = None) -> RollbackPlan:
+    """Plan the rollback of a probed host. ``state_dir_used``: the probe found the tool's state dir non-empty.
+    ``environment_dir``: the shared environment's ``.cdna2`` when the state is there (its identity goes too)."""
+    shared_left = bool(environment_dir) and bool((probe["python"] or {}).get("identity"))
+    plan = RollbackPlan(clear_state=state_dir_used or shared_left, environment_dir=environment_dir)
     for package, backup in sorted(probe["backups"].items()):
         if backup["files"] or backup["journal"]:
             plan.reverts.append({"package": package, "backup_dir": backup["backup_dir"], "root": backup["root"]})

@@ -16,6 +16,12 @@ rocm_root = "/opt/rocm"
 # XDG state directory of an unprivileged login ($XDG_STATE_HOME/cdna2, else ~/.local/state/cdna2).
 state_dir = None
 
+# The target environment is one directory on a shared filesystem (NFS, Lustre) that several hosts of the inventory
+# mount at the same path: the first host of the run in inventory order writes it (once), the others check it
+# through their own mounts and smoke-test their own GPUs. Its state lives in the environment (<prefix>/.cdna2/state,
+# instead of state_dir), where every node of a later allocation finds it. Set for every host that mounts it.
+shared_environment = False
+
 # Install the translated gfx90a kernel tree on gfx90a hosts.
 translate_kernels = True
 

@@ -56,6 +56,8 @@ def _host_data(lab: dict, host: dict) -> dict:
         # The lab's GPUs are stand-ins (a scripted rocminfo, no device, no ROCm torch): on a gfx90a host the GPU
         # checks would fail, rightly, so they are declared off here and the report says so.
         "smoke_gpu_checks": False,
+        # A --shared lab's hosts whose /opt/venv is the one shared directory (a bind mount standing in for NFS).
+        **({"shared_environment": True} if host.get("shared_environment") else {}),
     }
 
 

@@ -90,7 +90,8 @@ def _write_rocm_stand_in(rocm_dir: Path, kind: kinds.Kind) -> None:
     write_atomically(rocm_dir / "bin" / "rocminfo", kinds.rocminfo_script(kind), 0o755)
 
 
-def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None) -> None:
+def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None,
+                     shared_venv: Path | None = None) -> None:
     """Create what a host needs that is missing; a restarted host keeps its venv, state and /tmp. With
     ``login_user`` (a --login user lab) the venv is a real copy that user owns, and the host has a home of its own
     for that user (bound over /home/<user>) holding the lab's key."""
@@ -109,7 +110,8 @@ def prepare_host_dir(paths: LabPaths, planned: kinds.PlannedHost, login_user: st
         entry = pwd.getpwnam(login_user)
         owner = (entry.pw_uid, entry.pw_gid)
         _user_home(paths, host_dir / "home", owner)
-    venvs.provision_host_venv(planned.kind, host_dir / "venv", progress, owner=owner)
+    if shared_venv is None or shared_venv == host_dir / "venv":  # the shared one is provisioned once, by its first host
+        venvs.provision_host_venv(planned.kind, host_dir / "venv", progress, owner=owner)
     if planned.kind.aiter_checkout:
         develop.install_checkout(planned.kind, host_dir, progress)
     write_atomically(host_dir / "sshd_config", sshd_config_text(paths, planned))
@@ -168,9 +170,12 @@ def host_binds(host_dir: Path) -> dict[str, str]:
     return {mount_point: str(host_dir / name) for mount_point, name in {**HOST_BINDS, **file_binds}.items()}
 
 
-def start_host(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None) -> dict:
+def start_host(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None,
+               shared_venv: Path | None = None) -> dict:
     host_dir = paths.host_dir(planned.name)
     binds = host_binds(host_dir)
+    if shared_venv is not None:  # one directory bound at /opt/venv in every sharing host's mount namespace
+        binds[venvs.VENV_MOUNT] = str(shared_venv)
     if login_user is not None:  # a --login user lab: the user's home is the host's own, the wheels readable
         binds[pwd.getpwnam(login_user).pw_dir] = str(host_dir / "home")
         binds[USER_WHEELS] = str(user_wheels(paths))
@@ -195,6 +200,7 @@ def start_host(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | No
         "gpu_count": len(planned.kind.gpu.bdfids),
         "rocm_version": planned.kind.rocm_version,
         "python_env": venvs.VENV_MOUNT,
+        "shared_environment": shared_venv is not None,
         "packages": ([f"amd-aiter {planned.kind.aiter_checkout} (develop checkout)",
                       *(p for p in planned.kind.packages if p != wheelhouse.AITER)]
                      if planned.kind.aiter_checkout else list(planned.kind.packages)),

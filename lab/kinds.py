@@ -77,6 +77,9 @@ KINDS = (
 DEVELOP_KIND = Kind(key="mi210-develop", group="mi210", gpu=MI210, rocm_version="7.14.0", extra_packages=(),
                     aiter_checkout="v0.1.19")
 AITER_MODES = ("wheel", "develop")
+# The kind of a --shared lab's hosts that mount one environment (a stand-in for NFS or Lustre): nodes of a cluster
+# that share a Python environment share their ROCm version too.
+SHARED_KIND = KINDS[1]
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ class PlannedHost:
     name: str
     kind: Kind
     address: str
+    shares_environment: bool = False  # its /opt/venv is the lab's shared environment (``./lab/up --shared``)
 
 
 def _letters(index: int) -> str:
@@ -97,9 +101,15 @@ def _letters(index: int) -> str:
     return suffix
 
 
-def plan_host(index: int, subnet: str, aiter: str = "wheel") -> PlannedHost:
-    kind = DEVELOP_KIND if aiter == "develop" else KINDS[index % len(KINDS)]
-    return PlannedHost(index=index, name=f"{kind.group}-{_letters(index)}", kind=kind, address=f"{subnet}.{index + 1}")
+def plan_host(index: int, subnet: str, aiter: str = "wheel", shared: int = 0) -> PlannedHost:
+    """Host ``index`` of the lab; the first ``shared`` hosts are all SHARED_KIND (nodes that mount one environment
+    are alike), the others cycle through KINDS."""
+    if aiter == "develop":
+        kind = DEVELOP_KIND
+    else:
+        kind = SHARED_KIND if index < shared else KINDS[(index - shared) % len(KINDS)]
+    return PlannedHost(index=index, name=f"{kind.group}-{_letters(index)}", kind=kind, address=f"{subnet}.{index + 1}",
+                       shares_environment=index < shared)
 
 
 def check_subnet(subnet: str) -> None:
@@ -114,9 +124,9 @@ def check_host_count(count: int) -> None:
         raise ValueError(f"a lab has 1 to {MAX_HOSTS} hosts (one loopback address each), not {count}")
 
 
-def plan_hosts(count: int, subnet: str, aiter: str = "wheel") -> list[PlannedHost]:
+def plan_hosts(count: int, subnet: str, aiter: str = "wheel", shared: int = 0) -> list[PlannedHost]:
     check_host_count(count)
-    return [plan_host(index, subnet, aiter) for index in range(count)]
+    return [plan_host(index, subnet, aiter, shared) for index in range(count)]
 
 
 def kind_by_key(key: str) -> Kind:

@@ -45,7 +45,7 @@ def host_alive(host: dict) -> bool:
     return is_lab_sshd(host["pid"], host["sshd_config"])
 
 
-def _new_lab(paths: LabPaths, subnet: str, login: str, aiter: str) -> dict:
+def _new_lab(paths: LabPaths, subnet: str, login: str, aiter: str, shared: int) -> dict:
     ssh = {"user": "root", "key": str(paths.client_key), "known_hosts": str(paths.known_hosts), "sudo": False}
     if login == "sudo":
         users = login_users(paths)
@@ -59,6 +59,7 @@ def _new_lab(paths: LabPaths, subnet: str, login: str, aiter: str) -> dict:
         "subnet": subnet,
         "login": login,
         "aiter": aiter,
+        "shared": shared,
         "ssh": ssh,
         "hosts": [],
     }
@@ -79,7 +80,8 @@ def check_lab_dir_outside_binds(paths: LabPaths) -> None:
                              f"own; set CDNA2_LAB_DIR to a directory outside {', '.join(HOST_BINDS)}")
 
 
-def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None, aiter: str | None = None) -> dict:
+def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None, aiter: str | None = None,
+       shared: int | None = None) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
     check_lab_dir_outside_binds(paths)
@@ -97,7 +99,10 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
         if lab is not None and aiter is not None and lab.get("aiter", "wheel") != aiter:
             raise SystemExit(f"the lab in {paths.root} holds AITER as a {lab.get('aiter', 'wheel')}, not {aiter}; "
                              f"run ./lab/down first to change it")
-        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root", aiter or "wheel")
+        if lab is not None and shared is not None and lab.get("shared", 0) != shared:
+            raise SystemExit(f"the lab in {paths.root} has {lab.get('shared', 0)} hosts on a shared environment, "
+                             f"not {shared}; run ./lab/down first to change it")
+        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root", aiter or "wheel", shared or 0)
         paths.root.mkdir(parents=True, exist_ok=True)
         ensure_controller_paths()
         ensure_client_key(paths)
@@ -107,15 +112,20 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
         if login_user is not None:  # its hosts see the mirror's wheels from their start (user_wheels)
             ensure_mirror(paths)
         recorded = {host["name"]: host for host in lab["hosts"]}
-        for planned in kinds.plan_hosts(count, lab["subnet"], lab.get("aiter", "wheel")):
+        planned_hosts = kinds.plan_hosts(count, lab["subnet"], lab.get("aiter", "wheel"), lab.get("shared", 0))
+        # A --shared lab: the first hosts bind the first one's venv at /opt/venv, a stand-in for an environment on
+        # NFS or Lustre (a bind mount is a local disk: its locking and rename guarantees are stronger than theirs).
+        shared_venv = paths.host_dir(planned_hosts[0].name) / "venv" if lab.get("shared", 0) else None
+        for planned in planned_hosts:
             host = recorded.get(planned.name)
             if host is not None and host_alive(host):
                 progress(f"{planned.name}: running (pid {host['pid']}), left alone")
                 continue
             progress(f"{planned.name}: {'restarting' if host else 'creating'} ({planned.kind.key}, "
                      f"{planned.address}:{kinds.PORT})")
-            prepare_host_dir(paths, planned, login_user)
-            host = start_host(paths, planned, login_user)
+            sharing = shared_venv if planned.shares_environment else None
+            prepare_host_dir(paths, planned, login_user, sharing)
+            host = start_host(paths, planned, login_user, sharing)
             _record(paths, lab, host)
             progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
         for extra in lab["hosts"][count:]:
@@ -244,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                    "develop: every host is kind mi210-develop, its "
                                                                    "AITER a git checkout in develop mode (fixed once "
                                                                    "the lab exists)")
+    up_parser.add_argument("--shared", type=int, metavar="N", help="the first N hosts (all mi210-rocm7) mount one "
+                                                                "Python environment at /opt/venv, the first one's, "
+                                                                "as nodes mount one on NFS (fixed once the lab "
+                                                                "exists)")
     up_parser.add_argument("--json", action="store_true", help="print lab.json's content on stdout")
     down_parser = commands.add_parser("down", help="stop the recorded hosts and remove the lab's state")
     down_parser.add_argument("--json", action="store_true")
@@ -264,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, paths: LabPaths) -> int:
     if args.command == "up":
         started = time.monotonic()
-        lab = up(paths, args.count, args.subnet, args.login, args.aiter)
+        lab = up(paths, args.count, args.subnet, args.login, args.aiter, args.shared)
         progress(f"up: {len(lab['hosts'])} host(s) in {time.monotonic() - started:.1f} s")
         if args.json:
             print(json.dumps(lab, indent=2))

@@ -35,10 +35,11 @@ class HostProbe(FactBase[dict]):
     def command(self, target_python: str, rocm_root: str, state_dir: str | None, agent_dir: str | None,
                 patch_files: dict[str, list[str]] | None = None, record_check: list[str] | None = None,
                 known_contents: list[str] | None = None, record_memo: dict | None = None, sudo: bool = False,
-                sudo_user: str | None = None) -> StringCommand:
+                sudo_user: str | None = None, shared_environment: bool = False) -> StringCommand:
         # known_contents, record_memo: what the controller holds already (cdna2/patches/contents.py,
         # cdna2/probe_memo.py), so a host that has not changed sends no file bytes and reads no RECORD.
         options = json.dumps({"target_python": target_python, "rocm_root": rocm_root, "state_dir": state_dir,
+                              "shared_environment": shared_environment,
                               "patch_files": patch_files or {},
                               "record_check": record_check or [], "known_contents": known_contents or [],
                               "record_memo": record_memo or {}}, sort_keys=True)
@@ -72,13 +73,15 @@ def host_probe(host: Host, state_dir: str | None, **options: Any) -> dict[str, A
     """``host.get_fact(HostProbe, **options)``, through sudo when the host's data asks for it (``_sudo``,
     ``_sudo_user``): the probe runs sudo itself, so that a refusal is reported in the probe, not prompted for.
 
-    ``state_dir``: host data's (None: the login's default, which the probe finds on the host and reports as
+    ``state_dir``: host data's (with ``shared_environment``, the probe takes the environment's own instead; None: the
+    login's default, which the probe finds on the host and reports as
     ``probe["state_dir"]["path"]``; the installed agent's probe is used where the controller can tell the path
     beforehand, see cdna2.login.expected_state_dir)."""
     sudo = bool(host.data.get("_sudo"))
     expected = expected_state_dir(state_dir, host.data.get("ssh_user"), sudo, remembered_state_dir(host.name))
     return host.get_fact(HostProbe, sudo=sudo, sudo_user=host.data.get("_sudo_user"), _sudo=False,
-                         state_dir=state_dir, agent_dir=expected and agent_dir(expected), **options)
+                         state_dir=state_dir, agent_dir=expected and agent_dir(expected),
+                         shared_environment=bool(host.data.get("shared_environment")), **options)
 
 
 class SmokeResult(FactBase[dict]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Callable
@@ -14,6 +15,7 @@ from pyinfra.api.exceptions import PyinfraError
 from cdna2.fp8_configs import Fp8ConfigError, load_configs
 from cdna2.hostdata import HostDataError, validate_hosts
 from cdna2.patches import Catalog, PatchDataError, load_catalog
+from cdna2.shared_environments import environment_key
 from cdna2.wheels import Matrix, MatrixError, WheelPlan, WheelPlanError, load_matrix, pins_from_host_data, plan_wheels
 
 
@@ -86,20 +88,22 @@ def load_data_files(data) -> tuple[Catalog, Callable[[dict], WheelPlan | WheelPl
 
 @dataclass
 class _Environments:
-    """One run's view of its hosts' environments: whose probe is under way, the fingerprint each found, and the
-    host chosen to provision each fingerprint (fixed once chosen)."""
+    """One run's view of its hosts' environments: whose probe is under way, the environment each found
+    (``cdna2.shared_environments.environment_key``), the host chosen to write each (fixed once chosen), and the
+    identity each is given."""
 
     probing: set[str] = field(default_factory=set)
-    fingerprints: dict[str, str | None] = field(default_factory=dict)
+    keys: dict[str, str | None] = field(default_factory=dict)
     writers: dict[str, str] = field(default_factory=dict)
+    identities: dict[str, str] = field(default_factory=dict)
 
 
 _environments: WeakKeyDictionary[Inventory, _Environments] = WeakKeyDictionary()
 
 
 def probe_announced(inventory: Inventory, host_name: str, probe_host: Callable[[], dict]) -> dict:
-    """``probe_host()``, with the environment fingerprint it found announced to the other hosts of the run, also
-    when it fails (as none): ``environment_claimed_by`` waits for the announcement of every probe under way."""
+    """``probe_host()``, with the environment it found announced to the other hosts of the run, also when it fails
+    (as none): ``environment_claimed_by`` waits for the announcement of every probe under way."""
     environments = _environments.setdefault(inventory, _Environments())
     environments.probing.add(host_name)
     probe = None
@@ -107,27 +111,36 @@ def probe_announced(inventory: Inventory, host_name: str, probe_host: Callable[[
         probe = probe_host()
         return probe
     finally:
-        environments.fingerprints[host_name] = ((probe or {}).get("python") or {}).get("fingerprint")
+        environments.keys[host_name] = environment_key(probe or {})
 
 
 def environment_claimed_by(inventory: Inventory, host_name: str) -> str | None:
-    """The host of this run that provisions this host's target environment, or None: this host is that host, or
+    """The host of this run that writes this host's target environment, or None: this host is that host, or
     the environment is its own.
 
     pyinfra runs the deploy file for the hosts at once (a greenlet each, as many at a time as ``--parallel``
     allows), so this first waits, cooperatively, for every probe already under way; the host chosen is then the
-    first in inventory order among those that found this fingerprint, and stays chosen for the rest of the run.
+    first in inventory order among those that found this environment, and stays chosen for the rest of the run.
     With every host loaded at once (pyinfra's default) that is the first host in inventory order whatever order
     the probes came back in; with fewer at a time, a host whose probe starts after the choice defers to it.
     Either way exactly one host per environment is chosen. Hosts waiting for a pool slot are not waited for:
     they cannot start while this one holds its slot.
     """
     environments = _environments.setdefault(inventory, _Environments())
-    while not environments.probing <= environments.fingerprints.keys():
+    while not environments.probing <= environments.keys.keys():
         gevent.sleep(0.02)
-    fingerprint = environments.fingerprints.get(host_name)
-    if not fingerprint:
+    key = environments.keys.get(host_name)
+    if not key:
         return None
-    first = next(host.name for host in inventory if environments.fingerprints.get(host.name) == fingerprint)
-    writer = environments.writers.setdefault(fingerprint, first)
+    first = next(host.name for host in inventory if environments.keys.get(host.name) == key)
+    writer = environments.writers.setdefault(key, first)
     return None if writer == host_name else writer
+
+
+def environment_identity(inventory: Inventory, probe: dict) -> str:
+    """The identity of this host's environment: the one written into it, else the one this run gives it (the same
+    for every host of the run that found that environment)."""
+    identity = (probe["python"].get("identity") or {}).get("id")
+    if identity:
+        return identity
+    return _environments[inventory].identities.setdefault(environment_key(probe), uuid.uuid4().hex)

@@ -59,7 +59,10 @@ def rolled_back(plan: RollbackPlan, triton: PipAction | None, target_python: str
     if triton is not None:
         yield StringCommand("mkdir", "-p", QuoteString(pip_temporary_dir(state_dir)))
         yield pip_command(triton, state_dir)
-    if plan.clear_state:
+    if plan.clear_state and plan.environment_dir:
+        # A shared environment's directory of the tool (identity, state, agent): the environment is stock again.
+        yield StringCommand("rm", "-rf", QuoteString(plan.environment_dir))
+    elif plan.clear_state:
         # The state dir itself may be a mount point: empty it rather than remove it.
         yield StringCommand("find", QuoteString(state_dir), "-mindepth", "1", "-delete")
 

@@ -2,7 +2,7 @@
 identity written once, a non-writing node's check, its removal at rollback. Layout and why ``mkdir``:
 cdna2/host/shared_env.py. Standard library only: runs on the hosts.
 
-    python -m cdna2.host.env_lock claim --prefix P --id ID
+    python -m cdna2.host.env_lock claim --prefix P --id ID --run RUN
     python -m cdna2.host.env_lock check --prefix P --expect JSON
     python -m cdna2.host.env_lock forget --prefix P
 """
@@ -26,6 +26,7 @@ from cdna2.host.shared_env import ENV_DIR, IDENTITY, STATE, environment_dir, rea
 
 LOCK = "lock"
 OWNER = "owner.json"
+WRITER = "writer.json"  # the run that wrote the environment last, and from which node
 HEARTBEAT_S = 2.0
 # A holder's heartbeat missing this long means its node is gone (or cut off): 10 missed beats, far beyond an NFS
 # server's usual stall. A holder paused that long (SIGSTOP) loses the lock; its next write then fails the check
@@ -177,6 +178,25 @@ def describe(owner: dict | None) -> str:
     return f"pid {owner.get('pid')} on node {owner.get('name')} since {owner.get('since')}"
 
 
+def mark_writer(prefix: Path, run: str) -> dict:
+    """Record, under the lock, that ``run`` writes the environment now: what every other node of the run checks
+    it reads through its own mount (a node cloned with a copy of the identity would read an older mark)."""
+    env_dir = Path(environment_dir(prefix))
+    mark = {"run": run, "node": this_node()["name"], "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with EnvLock(env_dir):
+        staged = env_dir / f".{WRITER}.{uuid.uuid4().hex}"
+        staged.write_text(json.dumps(mark, sort_keys=True) + "\n")
+        os.replace(staged, env_dir / WRITER)
+    return mark
+
+
+def read_writer(prefix: Path) -> dict | None:
+    try:
+        return json.loads((Path(environment_dir(prefix)) / WRITER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def check(prefix: Path, expected: dict, wait_s: float = WAIT_S) -> dict:
     """What a node that did not write the environment checks through its own mount, once no node's command is
     changing it (the lock is taken and given back): the identity the writer wrote, no patch transaction in flight,
@@ -191,6 +211,11 @@ def check(prefix: Path, expected: dict, wait_s: float = WAIT_S) -> dict:
                         f"shared_environment: false, or mount the shared one")
         return {"ok": False, "problems": problems}
     with EnvLock(env_dir, wait_s=wait_s):
+        mark = read_writer(prefix)
+        if (mark or {}).get("run") != expected["run"]:
+            problems.append(f"{env_dir / WRITER} says {mark and mark['run']} wrote the environment last, not this "
+                            f"run's writer {expected['writer']} ({expected['run']}): this node does not see its "
+                            f"writes (another copy of the environment?), or another run has written since")
         journals = sorted(str(path) for path in (env_dir / STATE / "backups").glob("*/journal.json"))
         problems += [f"{journal}: a patch transaction is unfinished (its writer was cut off); the next deploy "
                      f"finishes it" for journal in journals]
@@ -220,18 +245,21 @@ def forget(prefix: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``claim --prefix P --id ID``: write the identity unless one is there; ``check --prefix P --expect JSON``:
+    """``claim --prefix P --id ID --run RUN``: write the identity unless one is there, and this run's writer mark;
+    ``check --prefix P --expect JSON``:
     a non-writing node's check (``check``); ``forget --prefix P``: remove ``P/.cdna2``."""
     parser = argparse.ArgumentParser(prog="python -m cdna2.host.env_lock", description=main.__doc__)
     parser.add_argument("action", choices=["claim", "check", "forget"])
     parser.add_argument("--prefix", type=Path, required=True)
     parser.add_argument("--id")
-    parser.add_argument("--expect", help="JSON: identity, writer, kernels {hsa_root, digest}, files {path: sha256}")
+    parser.add_argument("--run", help="claim: the controller run that writes the environment now")
+    parser.add_argument("--expect", help="JSON: identity, writer, run, kernels {hsa_root, digest}, files {path: sha256}")
     args = parser.parse_args(argv)
     try:
         if args.action == "claim":
             identity = claim_identity(args.prefix, args.id)
-            result = {"result": "claimed" if identity["id"] == args.id else "unchanged", "identity": identity}
+            result = {"result": "claimed" if identity["id"] == args.id else "unchanged", "identity": identity,
+                      "writer": mark_writer(args.prefix, args.run)}
         elif args.action == "check":
             result = check(args.prefix, json.loads(args.expect))
             if not result["ok"]:

@@ -30,9 +30,10 @@ from cdna2.host.distributions import (DISTRIBUTIONS, read_aiter, read_distributi
 from cdna2.host.environment import default_state_dir, free_bytes, read_os, read_python, read_write_access
 from cdna2.host.gpus import KFD_TOPOLOGY, PCI_DEVICES, read_gpus, read_rocm
 from cdna2.host.jsontext import json_dumps, json_loads
-from cdna2.host.shared_env import read_identity, shared_state_dir
+from cdna2.host.shared_env import node_view, read_identity, shared_state_dir
 
 PROBE_FORMAT = 3
+SHARED_SOURCE = "the shared environment"
 
 
 def read_backups(state_dir: str, errors: list[str]) -> dict:
@@ -107,11 +108,13 @@ def probe(options: dict) -> dict:
         python["identity"] = read_identity(sys.prefix)
     if options.get("shared_environment") and python["is_target"]:
         # Where every node of the environment, in this run or a later allocation, finds its records.
-        state_dir, state_dir_source = str(shared_state_dir(sys.prefix)), "the shared environment"
+        state_dir, state_dir_source = shared_state_dir(sys.prefix), SHARED_SOURCE
     else:
         state_dir, state_dir_source = ((options["state_dir"], "host data") if options.get("state_dir")
                                        else default_state_dir(os.geteuid(), os.environ))
     state = read_state(state_dir, errors)
+    if state_dir_source == SHARED_SOURCE:
+        state = node_view(state, os.uname().nodename)
     installed_kernels = None if record_check else (state or {}).get("kernels")
     aiter = read_aiter(distributions.get("amd-aiter"), "", errors, installed_kernels, facts.get("amd-aiter"))
     patch_targets = read_patch_targets(patch_files, distributions,

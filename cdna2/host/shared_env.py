@@ -11,7 +11,8 @@ Layout, inside the environment (``<prefix>/.cdna2/``):
   a local disk, on NFSv3+ and on Lustre, so racing writers all end up reading the one that won.
 - ``state/``: the environment's state directory (records, patch backups, the host agent) when the hosts sharing it
   are deployed as one (host data ``shared_environment``): any node of a later run, another allocation's included,
-  finds what the last writer recorded, and can finish an interrupted transaction from its journal.
+  finds what the last writer recorded, and can finish an interrupted transaction from its journal. Each node's
+  smoke pass is recorded there under its own key (``NODE_RECORDS``), and read back as its plain one.
 - ``lock/``: held while a command changes the environment. ``mkdir`` is the primitive, not ``flock``: Lustre gives
   ``flock`` only when mounted with ``-o flock`` (node-local with ``-o localflock``, ENOSYS without either) and NFS
   emulates it with byte-range locks that depend on lockd or v4 leases; ``mkdir`` is atomic on every one of them.
@@ -30,6 +31,8 @@ from cdna2.host.jsontext import json_loads
 ENV_DIR = ".cdna2"
 IDENTITY = "identity.json"
 STATE = "state"
+# Records that stay per node in a shared state directory, each under "<key>@<node>": a node's GPUs are its own.
+NODE_RECORDS = frozenset({"smoke"})
 
 
 # Paths as strings (os.path): pathlib imports re, which the probe does without (cdna2/host/probe.py).
@@ -64,3 +67,19 @@ def read_identity(prefix: str | os.PathLike) -> dict | None:
     except (OSError, ValueError):
         return None
     return identity if isinstance(identity, dict) and isinstance(identity.get("id"), str) else None
+
+
+def node_record_key(key: str, node_name: str) -> str:
+    return f"{key}@{node_name}" if key in NODE_RECORDS else key
+
+
+def node_view(state: dict | None, node_name: str) -> dict | None:
+    """A shared state directory's records as one node reads them: its own per-node records under their plain keys,
+    the other nodes' left out."""
+    if state is None:
+        return None
+    view = {key: value for key, value in state.items() if key.partition("@")[0] not in NODE_RECORDS}
+    for key in NODE_RECORDS:
+        if node_record_key(key, node_name) in state:
+            view[key] = state[node_record_key(key, node_name)]
+    return view

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 from cdna2.host.cli import finish
 from cdna2.host.env_lock import EnvLock, SharedEnvironmentBusy
-from cdna2.host.shared_env import shared_environment_of
+from cdna2.host.shared_env import node_record_key, shared_environment_of, this_node
 
 STATE_FORMAT = 1
 RUN_ENVIRONMENT = "CDNA2_RUN"  # who runs this command: the controller's run description (operations/agent.py)
@@ -192,6 +192,8 @@ def fsync_directory(directory: Path) -> None:
 def update_state(state_dir: Path, key: str, value: Any) -> dict[str, Any]:
     """Set (or, with ``value`` None, remove) one step's record; the caller holds the host lock."""
     state = read_state(state_dir)
+    if shared_environment_of(state_dir) is not None:
+        key = node_record_key(key, this_node()["name"])
     if value is None:
         state.pop(key, None)
     else:

@@ -117,7 +117,8 @@ def test_probe_command_passes_hostile_options_through_as_data(tmp_path: Path, ma
     argv = json.loads(result.stdout)["argv"]
     assert argv[0] == "-c" and argv[2] == options["agent_dir"]
     sent = {key: value for key, value in options.items() if key != "agent_dir"}  # the agent dir is argv[2] alone
-    assert json.loads(argv[4]) == dict(sent, record_check=[], known_contents=[], record_memo={})
+    assert json.loads(argv[4]) == dict(sent, record_check=[], known_contents=[], record_memo={},
+                                       shared_environment=False)
 
 
 def sha256(path: Path) -> str:

@@ -158,7 +158,7 @@ def test_the_first_host_in_inventory_order_claims_an_environment_whatever_order_
     import gevent
     from pyinfra.api import Config, Inventory, State
 
-    from cdna2.plan import shared_environment_refusal
+    from cdna2.shared_environments import shared_environment_refusal
     from operations.preflight import environment_claimed_by, probe_announced
 
     inventory = Inventory((["node1", "node2", "node3", "node4"], {}))
@@ -185,10 +185,12 @@ def test_the_first_host_in_inventory_order_claims_an_environment_whatever_order_
     gevent.joinall(runs, timeout=10, raise_error=True)
     assert [run.value for run in runs] == [None, None, "node1", "probe failed"], \
         "node1 writes (first in inventory order), node2 has its own, node3 is refused; a failed probe blocks nobody"
-    refusal = shared_environment_refusal(shared, "node1")
+    refusal = shared_environment_refusal(shared, "node1", deployed_as_one=False)
     assert refusal.startswith("its Python environment /project/venv is the directory host node1 provisions in this "
-                              "run (the same environment on a shared filesystem: fingerprint 12:34:56)"), refusal
-    assert "--limit node1" in refusal and shared_environment_refusal(shared, None) is None
+                              "run (the same environment on a shared filesystem: fingerprint 12:34:56); set "
+                              "shared_environment: true for every host that mounts it"), refusal
+    assert "--limit node1" in refusal and shared_environment_refusal(shared, None, deployed_as_one=False) is None
+    assert shared_environment_refusal(shared, "node1", deployed_as_one=True) is None
 
 
 def test_the_fetch_names_the_directories_it_creates_outermost_first(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from cdna2.host import env_lock, txn
 from cdna2.host.digests import file_sha256, tree_digest
-from cdna2.host.env_lock import EnvLock, SharedEnvironmentBusy, check, claim_identity
+from cdna2.host.env_lock import EnvLock, SharedEnvironmentBusy, check, claim_identity, mark_writer, read_writer
 from cdna2.host.shared_env import read_identity, shared_environment_of, shared_state_dir
 from cdna2.host.state import host_lock, read_lease
 from tests.unit.racing import SPAWN
@@ -167,12 +167,13 @@ def test_a_transaction_in_a_shared_environment_holds_its_lock_and_leaves_no_empt
 
 def test_the_check_of_a_non_writing_node_names_every_difference(tmp_path: Path) -> None:
     claim_identity(tmp_path, "env-1")
+    mark_writer(tmp_path, "run-1")
     hsa = tmp_path / "hsa"
     (hsa / "gfx90a").mkdir(parents=True)
     (hsa / "gfx90a" / "fmha.co").write_bytes(b"kernel")
     patched = tmp_path / "core.py"
     patched.write_text("patched\n")
-    expected = {"identity": "env-1", "writer": "mi210-a",
+    expected = {"identity": "env-1", "writer": "mi210-a", "run": "run-1",
                 "kernels": {"hsa_root": str(hsa), "digest": tree_digest(hsa / "gfx90a")},
                 "files": {str(patched): file_sha256(patched)}}
     assert check(tmp_path, expected) == {"ok": True, "problems": [], "identity": "env-1", "checked_files": 1,
@@ -183,8 +184,11 @@ def test_the_check_of_a_non_writing_node_names_every_difference(tmp_path: Path) 
     journal = Path(shared_state_dir(tmp_path)) / "backups" / "vllm" / "journal.json"
     journal.parent.mkdir(parents=True)
     journal.write_text("{}")
+    mark_writer(tmp_path, "run-2")
     problems = check(tmp_path, expected)["problems"]
-    assert [problem.split(":")[0] for problem in problems] == [str(journal), f"{hsa}/gfx90a", str(patched)], problems
+    assert [problem.split(":")[0] for problem in problems] == [
+        f"{tmp_path}/.cdna2/writer.json says run-2 wrote the environment last, not this run's writer mi210-a (run-1)",
+        str(journal), f"{hsa}/gfx90a", str(patched)], problems
 
     assert check(tmp_path, {**expected, "identity": "env-2"})["problems"] == [
         f"{tmp_path}/.cdna2/identity.json holds env-1, not the identity env-2 its writer mi210-a wrote: this node "
@@ -198,9 +202,11 @@ def test_the_commands_print_json_and_fail_by_exit_status(tmp_path: Path) -> None
                               text=True)
         return done.returncode, json.loads(done.stdout), done.stderr
 
-    assert run("claim", "--prefix", str(tmp_path), "--id", "env-1")[:2] == (
-        0, {"result": "claimed", "identity": read_identity(tmp_path)})
-    assert run("claim", "--prefix", str(tmp_path), "--id", "env-2")[1]["result"] == "unchanged"
+    assert run("claim", "--prefix", str(tmp_path), "--id", "env-1", "--run", "run-1")[:2] == (
+        0, {"result": "claimed", "identity": read_identity(tmp_path), "writer": read_writer(tmp_path)})
+    assert read_writer(tmp_path)["run"] == "run-1"
+    assert run("claim", "--prefix", str(tmp_path), "--id", "env-2", "--run", "run-2")[1]["result"] == "unchanged"
+    assert read_identity(tmp_path)["id"] == "env-1" and read_writer(tmp_path)["run"] == "run-2"
     code, result, stderr = run("check", "--prefix", str(tmp_path), "--expect",
                                json.dumps({"identity": "env-2", "writer": "mi210-a"}))
     assert code == 1 and not result["ok"] and stderr.startswith("shared environment check failed: ")
@@ -212,3 +218,62 @@ def test_the_commands_print_json_and_fail_by_exit_status(tmp_path: Path) -> None
 
 def test_a_few_late_heartbeats_never_look_like_a_dead_node() -> None:
     assert env_lock.STALE_S >= 10 * env_lock.HEARTBEAT_S
+
+
+# --- the controller's side: grouping by identity, the checker's expectation, per-node records ---------------------
+
+def test_hosts_are_grouped_by_the_identity_once_written_and_get_one_new_identity_before() -> None:
+    from pyinfra.api import Config, Inventory, State
+
+    from operations.preflight import environment_claimed_by, environment_identity, probe_announced
+
+    inventory = Inventory((["node1", "node2", "node3", "node4"], {}))
+    State(inventory, Config())
+    unwritten = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56", "identity": None}}
+    written = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56", "identity": {"id": "env-1"}}}
+    clone = {"python": {"prefix": "/project/venv", "fingerprint": "12:34:56", "identity": {"id": "env-2"}}}
+    found = {"node1": unwritten, "node2": unwritten, "node3": written, "node4": clone}
+    for name, probe in found.items():
+        probe_announced(inventory, name, lambda probe=probe: probe)
+    assert {name: environment_claimed_by(inventory, name) for name in found} == {
+        "node1": None, "node2": "node1", "node3": None, "node4": None}, \
+        "one fingerprint and no identity yet: one environment; different identities: different environments"
+    new_identity = environment_identity(inventory, unwritten)
+    assert new_identity == environment_identity(inventory, dict(unwritten)) and len(new_identity) == 32
+    assert environment_identity(inventory, written) == "env-1"
+
+
+def test_a_checker_expects_each_planned_file_at_its_new_hash_under_its_site_packages() -> None:
+    from cdna2.patches.planner import FileChange
+    from cdna2.shared_environments import checker_expectation
+
+    class Plan:
+        changes = [FileChange("aiter/jit/core.py", "0" * 64, b"x", "1" * 64, "")]
+
+        @staticmethod
+        def host_path(path: str) -> str:
+            return path
+
+    expectation = checker_expectation("env-1", "mi210-a", "run-1", {"hsa_root": "/v/hsa", "digest": "d"},
+                                      [("/v/lib/python3.11/site-packages", Plan)])
+    assert expectation == {"identity": "env-1", "writer": "mi210-a", "run": "run-1",
+                           "kernels": {"hsa_root": "/v/hsa", "digest": "d"},
+                           "files": {"/v/lib/python3.11/site-packages/aiter/jit/core.py": "1" * 64}}
+
+
+def test_each_node_reads_its_own_smoke_record_from_a_shared_state_directory(tmp_path: Path, monkeypatch) -> None:
+    from cdna2.host import state as host_state
+    from cdna2.host.shared_env import node_view
+
+    state_dir = Path(shared_state_dir(tmp_path))
+    monkeypatch.setattr(host_state, "this_node", lambda: {"name": "nid001", "boot_id": "b"})
+    with host_lock(state_dir):
+        host_state.update_state(state_dir, "smoke", {"proves": "k1"})
+        host_state.update_state(state_dir, "deployed", {"tree": "t"})
+    monkeypatch.setattr(host_state, "this_node", lambda: {"name": "nid002", "boot_id": "b"})
+    with host_lock(state_dir):
+        host_state.update_state(state_dir, "smoke", {"proves": "k2"})
+    recorded = host_state.read_state(state_dir)
+    assert set(recorded) == {"format", "deployed", "smoke@nid001", "smoke@nid002"}
+    assert node_view(recorded, "nid001") == {"format": 1, "deployed": {"tree": "t"}, "smoke": {"proves": "k1"}}
+    assert node_view(recorded, "nid003") == {"format": 1, "deployed": {"tree": "t"}}, "no pass of its own yet"
