@@ -87,7 +87,9 @@ def install(archive: Path, sha256: str, digest: str, hsa_root: Path, state_dir: 
         if actual != sha256:
             raise KernelInstallError(f"{archive}: checksum {actual} does not match the uploaded {sha256}; "
                                      f"the upload is damaged or incomplete, run the deploy again")
-        shutil.rmtree(staging, ignore_errors=True)
+        # Under the lock no other install runs: any staging left beside ours is a killed command's.
+        for stale in hsa_root.glob(".gfx90a.staging-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         staging.mkdir()
         try:
             safe_extract(archive, staging)

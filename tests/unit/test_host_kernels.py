@@ -67,6 +67,14 @@ def test_first_install_then_replace_keeps_previous(tmp_path: Path, hsa: Path) ->
     assert sorted(p.name for p in hsa.iterdir()) == [".gfx90a.previous", "codegen.py", "gfx90a", "gfx942"]
 
 
+def test_a_killed_installs_staging_is_removed_by_the_next_install(tmp_path: Path, hsa: Path) -> None:
+    make_tree(hsa / ".gfx90a.staging-4242", {"pa/a.co": b"half"})  # a command killed mid-extraction
+    make_tree(hsa / ".gfx90a.staging-4343.old", {"pa/a.co": b"old"})  # killed between the two renames
+    archive, sha, digest = archive_of(tmp_path, "v1", {"pa/a.co": b"v1"})
+    assert run_cli(*install_args(archive, sha, digest, hsa, tmp_path / "state"))[1]["result"] == "installed"
+    assert sorted(p.name for p in hsa.iterdir()) == ["codegen.py", "gfx90a", "gfx942"]
+
+
 def test_same_digest_is_unchanged(tmp_path: Path, hsa: Path) -> None:
     archive, sha, digest = archive_of(tmp_path, "v1", {"a.co": b"v1"})
     copy = tmp_path / "copy.tar.gz"
