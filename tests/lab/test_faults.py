@@ -18,7 +18,6 @@ import random
 import shutil
 import signal
 import subprocess
-import threading
 import time
 import uuid
 from contextlib import contextmanager
@@ -29,9 +28,10 @@ import pytest
 
 from cdna2.host.digests import file_sha256, tree_digest
 from lab import kinds, wheelhouse
-from lab.processes import descendants, namespace_processes, stop_host
+from lab.processes import descendants, stop_host
 from tests.lab.conftest import run_lab_command
-from tests.lab.deploy_runner import PYINFRA, REPO, host_snapshot, run_pyinfra, site_packages, ssh
+from tests.lab.deploy_runner import (Controller, TreeWatcher, host_snapshot, run_pyinfra, site_packages, ssh, tree_files,
+                                     wait_sessions_gone)
 
 pytestmark = pytest.mark.lab
 
@@ -89,20 +89,6 @@ def recorded_patches(lab_host: dict) -> dict[str, dict]:
 
 def read_if_file(path: Path) -> bytes | None:
     return path.read_bytes() if path.is_file() else None
-
-
-def tree_files(tree: Path) -> frozenset[str] | None:
-    """The files of a directory tree, read through one directory descriptor: a rename or exchange of the tree's
-    path while it is read cannot mix two trees into one answer (a path-based walk could)."""
-    try:
-        descriptor = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return None
-    try:
-        return frozenset(os.path.normpath(os.path.join(top, name)) for top, _, files, _ in os.fwalk(dir_fd=descriptor)
-                         for name in files if "__pycache__" not in top)
-    finally:
-        os.close(descriptor)
 
 
 def patch_status(lab_host: dict, package: str, facts: dict) -> set[str]:
@@ -184,33 +170,6 @@ def rollback(report_dir: Path) -> None:
     assert result.returncode == 0, result.output[-4000:]
 
 
-def wait_sessions_gone(lab_host: dict, timeout_s: float = 60) -> None:
-    """Wait until the host runs nothing but its sshd (a command of a killed controller may still be finishing: its
-    session's sshd has exited, so it is no longer below the host's sshd, but it is still in the host's namespace)."""
-    deadline = time.monotonic() + timeout_s
-    while namespace_processes(lab_host["pid"]):
-        assert time.monotonic() < deadline, f"{lab_host['name']}: sessions still running after {timeout_s} s"
-        time.sleep(0.2)
-
-
-class TreeWatcher(threading.Thread):
-    """Samples a host's ``hsa/gfx90a`` file list continuously, until stopped."""
-
-    def __init__(self, tree: Path):
-        super().__init__(daemon=True)
-        self.tree, self.seen, self.samples, self.done = tree, set(), 0, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            self.seen.add(tree_files(self.tree))
-            self.samples += 1
-
-    def stop(self) -> set:
-        self.done.set()
-        self.join()
-        return self.seen
-
-
 def upload_blocked(lab_host: dict) -> bool:
     """Whether a process of the host's SSH sessions (its SFTP server) is blocked opening a FIFO for writing: the
     upload has started and cannot finish."""
@@ -221,33 +180,6 @@ def upload_blocked(lab_host: dict) -> bool:
         except (FileNotFoundError, ProcessLookupError):
             continue
     return False
-
-
-class Controller:
-    """``pyinfra inventory/sim.py ARGS`` running in the background, its output going to a file (a pipe nobody reads
-    would fill up and stall it)."""
-
-    def __init__(self, *args: str, report_dir: Path):
-        report_dir.mkdir(parents=True, exist_ok=True)
-        self.log = report_dir / f"pyinfra-{uuid.uuid4().hex[:8]}.log"
-        environment = dict(os.environ, CDNA2_REPORT_DIR=str(report_dir), PYINFRA_PROGRESS="off",
-                           PYTHONUNBUFFERED="1")
-        with open(self.log, "w") as output:
-            self.process = subprocess.Popen([str(PYINFRA), "inventory/sim.py", *args], cwd=REPO, env=environment,
-                                            stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def output(self) -> str:
-        return self.log.read_text()
-
-    def wait_until(self, condition, what: str, timeout_s: float = 300) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            assert self.process.poll() is None, f"the run ended before {what}:\n{self.output()[-3000:]}"
-            assert time.monotonic() < deadline, f"no {what} after {timeout_s} s:\n{self.output()[-3000:]}"
-            time.sleep(0.05)
-
-    def finish(self, timeout_s: float = 600) -> int:
-        return self.process.wait(timeout=timeout_s)
 
 
 def test_host_dying_during_the_kernel_upload(fault_lab: dict, tmp_path: Path) -> None:
