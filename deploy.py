@@ -216,7 +216,7 @@ else:
             report.step(host.name, "shared environment", PLANNED, by_writer)
             environment_checked(name="shared environment: the writer's result is here", writer=writer,
                                 expectation=checker_expectation(
-                                    identity, writer, RUN, tree and {"hsa_root": probe["aiter"]["hsa_root"],
+                                    (probe["python"]["identity"] or {}).get("id"), writer, RUN, tree and {"hsa_root": probe["aiter"]["hsa_root"],
                                                                      "digest": tree.digest},
                                     [change for change in env_changes if isinstance(change, tuple)]),
                                 prefix=probe["python"]["prefix"], target_python=data.target_python,

@@ -43,10 +43,11 @@ def role_summary(role: str, writer: str, probe: dict[str, Any], identity_id: str
             "state_dir": probe["state_dir"]["path"]}
 
 
-def checker_expectation(identity_id: str, writer: str, run: str, kernels: dict[str, str] | None,
+def checker_expectation(identity_id: str | None, writer: str, run: str, kernels: dict[str, str] | None,
                         plans: list[tuple[str, Any]]) -> dict[str, Any]:
-    """What a host that does not write its environment must find there once the writer is done: the identity, the
-    writer's mark of this run, the kernel tree (``{"hsa_root", "digest"}``) and every file the patch plans
+    """What a host that does not write its environment must find there once the writer is done: the identity its
+    probe found (None: the environment had none, and any the writer, or a concurrent run's writer, wrote will do),
+    the writer's mark, the kernel tree (``{"hsa_root", "digest"}``) and every file the patch plans
     (``(site_packages, plan)``) change, at its new hash. Its plans are the writer's: both probed the same files."""
     files = {os.path.join(root, plan.host_path(change.path)): change.new_sha256
              for root, plan in plans for change in plan.changes}

@@ -16,7 +16,8 @@ from cdna2.cache import cache_root
 
 
 # This controller run, as the host's run lease names it (cdna2/host/state.py): who, from where, which process.
-RUN = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} (run {uuid.uuid4().hex[:12]})"
+RUN_ID = uuid.uuid4().hex[:12]
+RUN = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} (run {RUN_ID})"
 
 
 def agent_command(target_python: str, state_dir: str, module: str, *args: str) -> StringCommand:
@@ -74,17 +75,21 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
         host.noop(f"agent in {agent_dir(state_dir)} is current ({bundle.digest[:12]})")
         return
     target = agent_dir(state_dir)
-    staging = f"{target}.staging"
-    remote_archive = f"{state_dir}/agent-{bundle.digest[:16]}.tar.gz"
+    # Names of this run's own: in a shared environment another controller may install the same agent at once.
+    staging, old = f"{target}.staging-{RUN_ID}", f"{target}.old-{RUN_ID}"
+    remote_archive = f"{state_dir}/agent-{bundle.digest[:16]}-{RUN_ID}.tar.gz"
     yield StringCommand("mkdir", "-p", "-m", "0700", QuoteString(state_dir))  # root's alone (cdna2/host/state.py)
     yield FileUploadCommand(str(bundle.archive), remote_archive)
     yield StringCommand(
         "rm", "-rf", QuoteString(staging), "&&", "mkdir", QuoteString(staging),
         "&&", "tar", "-xzf", QuoteString(remote_archive), "-C", QuoteString(staging),
-        "&&", "rm", "-rf", QuoteString(f"{target}.old"),
-        "&&", "{", "[", "!", "-e", QuoteString(target), "]", "||",
-        "mv", QuoteString(target), QuoteString(f"{target}.old"), ";", "}",
-        "&&", "mv", QuoteString(staging), QuoteString(target),
-        "&&", "rm", "-rf", QuoteString(f"{target}.old"), QuoteString(remote_archive),
+        "&&", "rm", "-f", QuoteString(remote_archive), "&&", "{",
+        # The same agent in place already (another controller's, just installed): keep it.
+        "[", "-d", QuoteString(target), "]", "&&", "diff", "-rq", "-x", "__pycache__", QuoteString(staging),
+        QuoteString(target), ">/dev/null", "&&", "rm", "-rf", QuoteString(staging), "||", "{",
+        "{", "[", "!", "-e", QuoteString(target), "]", "||", "mv", "-T", QuoteString(target), QuoteString(old), ";", "}",
+        # mv -T onto a directory another installer put there meanwhile fails: theirs stays.
+        "&&", "{", "mv", "-T", QuoteString(staging), QuoteString(target), "||", "rm", "-rf", QuoteString(staging), ";",
+        "}", "&&", "rm", "-rf", QuoteString(old), ";", "}", ";", "}",
         "&&", QuoteString(target_python), "-m", "compileall", "-q", QuoteString(target),
     )

@@ -58,7 +58,7 @@ def rolled_back(plan: RollbackPlan, triton: PipAction | None, target_python: str
         yield agent_command(target_python, state_dir, "jit", "--root", plan.site_packages, *plan.jit_patterns)
     if triton is not None:
         yield StringCommand("mkdir", "-p", QuoteString(pip_temporary_dir(state_dir)))
-        yield pip_command(triton, state_dir)
+        yield pip_command(triton, state_dir, target_python)
     if plan.clear_state and plan.environment_dir:
         # A shared environment's directory of the tool (identity, state, agent): the environment is stock again.
         yield StringCommand("rm", "-rf", QuoteString(plan.environment_dir))

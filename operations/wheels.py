@@ -7,8 +7,9 @@ from importlib import resources
 from pyinfra import host, logger
 from pyinfra.api import OperationTypeError, QuoteString, StringCommand, operation
 
+from cdna2.host.shared_env import shared_environment_of
 from cdna2.wheels import PipAction, WheelPlan
-from operations.agent import lease_command
+from operations.agent import agent_command, lease_command
 from operations.util import first_pass
 
 IMPORTCHECK_SOURCE = resources.files("cdna2").joinpath("host", "importcheck.py").read_text()
@@ -70,7 +71,7 @@ def packages(plan: WheelPlan, state_dir: str):
     yield lease_command(plan.python, state_dir)
     yield StringCommand("mkdir", "-p", QuoteString(pip_temporary_dir(state_dir)))
     for action in plan.actions:
-        yield pip_command(action, state_dir)
+        yield pip_command(action, state_dir, plan.python)
     yield import_check_command(plan.python)
 
 
@@ -78,9 +79,11 @@ def pip_temporary_dir(state_dir: str) -> str:
     return f"{state_dir}/tmp"
 
 
-def pip_command(action: PipAction, state_dir: str) -> StringCommand:
+def pip_command(action: PipAction, state_dir: str, target_python: str) -> StringCommand:
     """``action``'s pip command with its temporary files in ``<state_dir>/tmp`` (pip keeps no cache: the argv says
     --no-cache-dir), so pip writes nothing outside the environment and the state directory; that directory must
-    exist."""
-    return StringCommand("env", QuoteString(f"TMPDIR={pip_temporary_dir(state_dir)}"),
-                         *(QuoteString(arg) for arg in action.argv))
+    exist. In a shared environment pip runs holding the environment's lock, like every other write to it."""
+    argv = ("env", f"TMPDIR={pip_temporary_dir(state_dir)}", *action.argv)
+    if shared_environment_of(state_dir) is not None:
+        return agent_command(target_python, state_dir, "env_lock", "hold", "--state-dir", state_dir, "--", *argv)
+    return StringCommand(*(QuoteString(arg) for arg in argv))

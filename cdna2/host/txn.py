@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import glob
 import json
 import os
 import shutil
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,6 +40,8 @@ from cdna2.host.state import fsync_directory, write_file_atomically
 STATE = "state.json"
 JOURNAL = "journal.json"
 ORIGINALS = "originals"
+# A staged file sits beside its target as <target>.cdna2-staged-<run> (operations/patches.py).
+STAGED_SUFFIX = ".cdna2-staged"
 
 
 class TxnError(Exception):
@@ -199,6 +203,19 @@ def _settled_by_recovery(root: Path, state: dict, changes: list[dict]) -> list[s
     return settled
 
 
+def _drop_stale_staged(root: Path, changes: list[dict]) -> None:
+    """Remove files staged beside this manifest's targets by earlier runs that never applied them (a controller
+    killed between upload and apply); ``recover`` has used what a journal needed. Under the lock no other apply
+    runs: a file another controller is staging now is either applied by this manifest already, or its apply
+    refuses it as missing, changing nothing."""
+    ours = {change["staged"] for change in changes}
+    for change in changes:
+        target = _inside(root, change["path"])
+        for staged in target.parent.glob(glob.escape(target.name) + STAGED_SUFFIX + "*"):
+            if str(staged) not in ours:
+                staged.unlink(missing_ok=True)
+
+
 def _verify_manifest(root: Path, changes: list[dict]) -> None:
     """Every check before anything is written: current hashes, staged hashes, same filesystem."""
     for change in changes:
@@ -238,6 +255,7 @@ def apply(manifest: dict) -> dict:
     root, backup_dir = Path(manifest["root"]), Path(manifest["backup_dir"])
     with _locked(backup_dir):
         recover(backup_dir)
+        _drop_stale_staged(root, manifest["changes"])
         state, dropped_version = _load_state(backup_dir, root, manifest["package"], manifest.get("version"))
         settled = _settled_by_recovery(root, state, manifest["changes"])
         changes = [change for change in manifest["changes"] if change["path"] not in settled]
@@ -317,11 +335,26 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Manifests are named per controller run (operations/patches.py) and kept for a post-mortem; one this old is no
+# other run's in flight.
+OLD_MANIFEST_S = 3600
+
+
+def _drop_old_manifests(manifest: Path) -> None:
+    for other in manifest.parent.glob("patch-*.json"):
+        try:
+            if other != manifest and time.time() - other.stat().st_mtime > OLD_MANIFEST_S:
+                other.unlink()
+        except FileNotFoundError:
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "apply":
             result = apply(json.loads(args.manifest.read_text(encoding="utf-8")))
+            _drop_old_manifests(args.manifest)
         elif args.command == "revert":
             result = revert(args.backup_dir, args.root)
         else:

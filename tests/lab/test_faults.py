@@ -105,8 +105,10 @@ def patch_status(lab_host: dict, package: str, facts: dict) -> set[str]:
 def uploaded_manifest(lab_host: dict, package: str) -> dict | None:
     """The change manifest a controller uploaded for ``package`` before it ran ``txn apply`` (operations/patches.py);
     None when there is none, or only the start of one (a kill during its upload: apply never ran on it)."""
+    uploaded = sorted((state_dir(lab_host) / "staging").glob(f"patch-{package}-*.json"),
+                      key=lambda path: path.stat().st_mtime_ns)  # named per run (operations/patches.py)
     try:
-        return json.loads((state_dir(lab_host) / "staging" / f"patch-{package}.json").read_text())
+        return json.loads(uploaded[-1].read_text()) if uploaded else None
     except (FileNotFoundError, ValueError):
         return None
 
@@ -152,7 +154,7 @@ def describe_files(lab_host: dict, package: str, facts: dict, statuses: dict[str
             f"sha256 {hashlib.sha256(current).hexdigest()}, {len(current)} bytes"))
         original, patched = facts["texts"][package].get(path, (None, None))
         others = {"pristine": original, "patched by the fixture's deploy": patched,
-                  f"staged ({path}.cdna2-staged)": read_if_file(site / f"{path}.cdna2-staged")}
+                  **{f"staged ({staged.name})": read_if_file(staged) for staged in site.glob(f"{path}.cdna2-staged*")}}
         for label, text in others.items():
             if text is None:
                 lines.append(f"  (no {label} text to compare with)")
@@ -322,7 +324,8 @@ def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab:
         for lab_host in hosts:
             revert_patches(fault_lab, lab_host)
             for package in PACKAGES:  # the manifest found after the kill is then this attempt's, or there is none
-                (state_dir(lab_host) / "staging" / f"patch-{package}.json").unlink(missing_ok=True)
+                for manifest in (state_dir(lab_host) / "staging").glob(f"patch-{package}-*.json"):
+                    manifest.unlink(missing_ok=True)
         run = Controller("-y", "deploy.py", report_dir=tmp_path)
         run.wait_until(lambda: "Starting operation: patches" in run.output(), "patching")
         delay = chooser.uniform(0.0, 1.5)

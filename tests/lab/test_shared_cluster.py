@@ -264,3 +264,25 @@ def test_a_writer_killed_mid_swap_or_mid_patch_leaves_no_torn_state_and_any_node
     assert environment_files(hosts["mi210-a"]) == environment_files(hosts[REFERENCE]), \
         f"seed {seed}, killed {where} ({found}): the finished environment differs from a single-host deploy"
     assert not list((site / "aiter_meta" / "hsa").glob(".gfx90a.staging-*")), "no killed staging left"
+
+
+def test_two_controllers_deploying_the_environment_at_once_leave_it_whole_and_both_verified(cluster, tmp_path):
+    """Two deploys of the same hosts started together (two operators, or two Slurm jobs of one user): every write
+    to the environment is whole under its lock, each writer's second look finds the other's work done, and both
+    runs' checkers find what their plan leaves."""
+    hosts = cluster["by_name"]
+    rolled_back = run_pyinfra("-y", "rollback.py", *limited_to(SHARED), report_dir=tmp_path)
+    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
+    site = site_packages(hosts["mi210-a"])
+    watcher = TreeWatcher(site / "aiter_meta" / "hsa" / "gfx90a")
+    watcher.start()
+    runs = [Controller("-y", "deploy.py", *limited_to(SHARED), report_dir=tmp_path / name) for name in ("1", "2")]
+    codes = [run.finish() for run in runs]
+    seen = watcher.stop()
+    assert codes == [0, 0], "\n\n".join(run.output()[-3000:] for run in runs)
+    for name in ("1", "2"):
+        (environment,) = json.loads((tmp_path / name / "latest.json").read_text())["shared_environments"]
+        assert environment["verified_by"] == SHARED, (name, environment)
+    assert seen <= {None, tree_files(site_packages(hosts[REFERENCE]) / "aiter_meta" / "hsa" / "gfx90a")}
+    assert environment_files(hosts["mi210-a"]) == environment_files(hosts[REFERENCE])
+    assert not list(site.rglob("*.cdna2-staged*")), "every staged file was applied or dropped"

@@ -176,24 +176,30 @@ def test_the_check_of_a_non_writing_node_names_every_difference(tmp_path: Path) 
     expected = {"identity": "env-1", "writer": "mi210-a", "run": "run-1",
                 "kernels": {"hsa_root": str(hsa), "digest": tree_digest(hsa / "gfx90a")},
                 "files": {str(patched): file_sha256(patched)}}
-    assert check(tmp_path, expected) == {"ok": True, "problems": [], "identity": "env-1", "checked_files": 1,
-                                         "checked_kernels": True}
+    assert check(tmp_path, expected) == {"ok": True, "problems": [], "identity": "env-1", "written_by": "run-1",
+                                         "checked_files": 1, "checked_kernels": True}
+    mark_writer(tmp_path, "run-2")  # another controller's run wrote it since: what this run's plan leaves is there
+    assert check(tmp_path, expected)["written_by"] == "another run: run-2" and check(tmp_path, expected)["ok"]
 
     patched.write_text("half\n")
     (hsa / "gfx90a" / "fmha.co").write_bytes(b"other")
     journal = Path(shared_state_dir(tmp_path)) / "backups" / "vllm" / "journal.json"
     journal.parent.mkdir(parents=True)
     journal.write_text("{}")
-    mark_writer(tmp_path, "run-2")
+    (tmp_path / ".cdna2" / "writer.json").unlink()
     problems = check(tmp_path, expected)["problems"]
     assert [problem.split(":")[0] for problem in problems] == [
-        f"{tmp_path}/.cdna2/writer.json says run-2 wrote the environment last, not this run's writer mi210-a (run-1)",
-        str(journal), f"{hsa}/gfx90a", str(patched)], problems
+        f"{tmp_path}/.cdna2/writer.json is missing", str(journal), f"{hsa}/gfx90a", str(patched)], problems
 
     assert check(tmp_path, {**expected, "identity": "env-2"})["problems"] == [
         f"{tmp_path}/.cdna2/identity.json holds env-1, not the identity env-2 its writer mi210-a wrote: this node "
         "does not see the shared environment (a local disk at the same path?); give the host its own "
         "shared_environment: false, or mount the shared one"]
+    assert check(tmp_path, {**expected, "identity": None})["identity"] == "env-1", \
+        "an environment without identity at the probe: the one its writer (or a concurrent one) wrote"
+    (tmp_path / ".cdna2" / "identity.json").unlink()
+    assert check(tmp_path, {**expected, "identity": None})["problems"][0].startswith(
+        f"{tmp_path}/.cdna2/identity.json holds None, not the identity (any) its writer mi210-a wrote")
 
 
 def test_the_commands_print_json_and_fail_by_exit_status(tmp_path: Path) -> None:
@@ -214,6 +220,17 @@ def test_the_commands_print_json_and_fail_by_exit_status(tmp_path: Path) -> None
                                                                  "path": f"{tmp_path}/.cdna2"})
     assert not (tmp_path / ".cdna2").exists() and run("forget", "--prefix", str(tmp_path))[1] == {
         "result": "unchanged"}
+
+
+def test_hold_runs_its_command_holding_the_lock_and_passes_its_exit_status(tmp_path: Path) -> None:
+    state_dir = shared_state_dir(tmp_path)
+    probe = f"import os, sys; sys.exit(0 if os.path.isdir({str(tmp_path / '.cdna2' / 'lock')!r}) else 7)"
+    held = subprocess.run([sys.executable, "-m", "cdna2.host.env_lock", "hold", "--state-dir", state_dir, "--",
+                           sys.executable, "-c", probe], cwd=REPO)
+    assert held.returncode == 0, "the lock was held while the command ran"
+    failing = subprocess.run([sys.executable, "-m", "cdna2.host.env_lock", "hold", "--state-dir", state_dir, "--",
+                              sys.executable, "-c", "raise SystemExit(3)"], cwd=REPO)
+    assert failing.returncode == 3 and not (tmp_path / ".cdna2" / "lock").exists()
 
 
 def test_a_few_late_heartbeats_never_look_like_a_dead_node() -> None:
