@@ -65,7 +65,8 @@ def node_state_dir(state_home: str, node: str) -> str:
 
 def allocation_host_data(environ: Mapping[str, str]) -> dict:
     """The host data every node of the allocation shares: this user's login (no sudo), the environment this shell
-    has active (or CDNA2_TARGET_PYTHON), ROCm from ROCM_PATH (else /opt/rocm). A state_home for node_state_dir."""
+    has active (or CDNA2_TARGET_PYTHON), ROCm from ROCM_PATH (else /opt/rocm), deployed as one shared environment.
+    A state_home for node_state_dir."""
     target_python = environ.get("CDNA2_TARGET_PYTHON")
     for prefix_variable in ("VIRTUAL_ENV", "CONDA_PREFIX"):
         if not target_python and environ.get(prefix_variable):
@@ -79,5 +80,8 @@ def allocation_host_data(environ: Mapping[str, str]) -> dict:
         "ssh_user": environ.get("USER") or getpass.getuser(),
         "target_python": target_python,
         "rocm_root": environ.get("ROCM_PATH") or "/opt/rocm",
+        # The environment on the shared filesystem is written once per run and checked by every node
+        # (cdna2/shared_environments.py); an environment local to each node is told apart by its identity.
+        "shared_environment": True,
         "state_home": xdg if os.path.isabs(xdg) else f"{home}/.local/state",
     }

@@ -5,7 +5,7 @@ Inside an allocation, with the Python environment to provision active in the she
     salloc -N 16 -p <partition> -t 1:00:00
     source /project/<group>/venv-aiter/bin/activate
     .venv/bin/pyinfra inventory/slurm.py deploy.py --dry     # preview
-    .venv/bin/pyinfra -y inventory/slurm.py deploy.py        # apply
+    .venv/bin/pyinfra -y inventory/slurm.py deploy.py        # apply: one node writes, every node checks
 
 Hosts: ``SLURM_JOB_NODELIST`` expanded by ``scontrol show hostnames`` (or the nodes named in ``CDNA2_NODELIST``),
 one group ``slurm``. Outside an allocation, or without scontrol, the inventory stops with what to do. Per-host data,
@@ -17,8 +17,12 @@ taken from this shell (cdna2/slurm.py) and checked against cdna2/schemas/host-da
 - ``target_python``: ``$CDNA2_TARGET_PYTHON``, else the active venv's (``$VIRTUAL_ENV/bin/python``) or conda env's
   (``$CONDA_PREFIX/bin/python``): the same path on every node, as a shared filesystem mounts it.
 - ``rocm_root``: ``$ROCM_PATH`` (set by the cluster's rocm module), else ``/opt/rocm``.
-- ``state_dir``: ``<XDG state home>/cdna2/nodes/<node>``: your home is the same directory on every node, and each
-  node keeps its own lease, lock and records there.
+- ``shared_environment``: true. The environment is written once per run, by the allocation's first node, and
+  every node checks it and smoke-tests its own GPUs; its records are in ``<prefix>/.cdna2/state``, where the
+  nodes of a later allocation find them (README, "HPC clusters").
+- ``state_dir``: ``<XDG state home>/cdna2/nodes/<node>``, for a run with ``--data shared_environment=false``
+  (each node its own environment): your home is the same directory on every node, and each node keeps its own
+  lease, lock and records there.
 
 Everything else is group_data/all.py's default (GPU smoke checks on: every node has its own GPUs) and may be set
 with ``--data KEY=VALUE``.

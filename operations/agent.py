@@ -13,6 +13,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from cdna2.agent import AgentBundle, agent_dir, build_agent_bundle
 from cdna2.cache import cache_root
+from cdna2.host.shared_env import shared_environment_of
 
 
 # This controller run, as the host's run lease names it (cdna2/host/state.py): who, from where, which process.
@@ -37,6 +38,13 @@ def lease_command(target_python: str, state_dir: str) -> StringCommand:
     """Take (or keep) the host's run lease: the first command of every step that changes the host, so a second
     controller stops there, before it uploads or installs anything."""
     return agent_command(target_python, state_dir, "state", "lease", "--state-dir", state_dir)
+
+
+def run_tag(state_dir: str) -> str:
+    """A suffix for what this run uploads: ``-<run id>`` where another controller may upload the same file at once
+    (a shared environment's state directory, cdna2/host/shared_env.py), else none: a host's own state directory is
+    held by one controller run at a time (its run lease)."""
+    return f"-{RUN_ID}" if shared_environment_of(state_dir) is not None else ""
 
 
 @cache

@@ -14,7 +14,7 @@ from cdna2.cache import cache_root
 from cdna2.kernels import Policy
 from cdna2.plan import develop_checkout, upload_space_problem
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
-from operations.agent import RUN_ID, agent_command, lease_command
+from operations.agent import agent_command, lease_command, run_tag
 from operations.report import record_failure
 
 # One translation per source digest and kernel policy per run, however many hosts share it: deploy.py runs once
@@ -134,7 +134,7 @@ def translated_kernels(tree: TranslatedTree, hsa_root: str, installed_digest: st
     if installed_digest == tree.digest:
         host.noop(f"{hsa_root}/gfx90a already holds translated tree {tree.digest[:12]} ({tree.kernels} kernels)")
         return
-    remote_archive = f"{state_dir}/staging/gfx90a-{tree.digest[:16]}-{RUN_ID}.tar.gz"  # this run's own upload
+    remote_archive = f"{state_dir}/staging/gfx90a-{tree.digest[:16]}{run_tag(state_dir)}.tar.gz"
     replaced = f"tree {installed_digest[:12]}" if installed_digest else "nothing (absent)"
     logger.info(f"{host.print_prefix}kernels: upload {tree.archive.name} ({tree.archive.stat().st_size} bytes, "
                 f"{tree.kernels} kernels) and replace {hsa_root}/gfx90a: {replaced} -> {tree.digest[:12]}")

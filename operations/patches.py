@@ -11,7 +11,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 from cdna2.host.txn import STAGED_SUFFIX
 from cdna2.patches import PackagePlan
 from cdna2.patches.contents import target_files
-from operations.agent import RUN_ID, agent_command, lease_command
+from operations.agent import agent_command, lease_command, run_tag
 from operations.util import fail_host_command, first_pass
 
 
@@ -23,10 +23,10 @@ def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dic
 
 def change_manifest(plan: PackagePlan, site_packages: str, state_dir: str) -> dict:
     """The transaction cdna2.host.txn runs: each staged file sits beside its target (same filesystem), named for
-    this run (in a shared environment another controller may stage the same file at once)."""
+    this run in a shared environment (``run_tag``)."""
     return plan.transaction(site_packages, f"{state_dir}/backups/{plan.package}",
-                            {change.path: f"{site_packages}/{plan.host_path(change.path)}{STAGED_SUFFIX}-{RUN_ID}"
-                             for change in plan.changes})
+                            {change.path: f"{site_packages}/{plan.host_path(change.path)}{STAGED_SUFFIX}"
+                                          f"{run_tag(state_dir)}" for change in plan.changes})
 
 
 @operation()
@@ -76,7 +76,7 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
         for change in plan.changes:
             logger.info(change.diff)
     manifest = change_manifest(plan, site_packages, state_dir)
-    manifest_path = f"{state_dir}/staging/patch-{plan.package}-{RUN_ID}.json"
+    manifest_path = f"{state_dir}/staging/patch-{plan.package}{run_tag(state_dir)}.json"
     yield lease_command(target_python, state_dir)
     yield StringCommand("mkdir", "-p", QuoteString(f"{state_dir}/staging"))
     for change, entry in zip(plan.changes, manifest["changes"]):

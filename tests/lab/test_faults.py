@@ -105,10 +105,8 @@ def patch_status(lab_host: dict, package: str, facts: dict) -> set[str]:
 def uploaded_manifest(lab_host: dict, package: str) -> dict | None:
     """The change manifest a controller uploaded for ``package`` before it ran ``txn apply`` (operations/patches.py);
     None when there is none, or only the start of one (a kill during its upload: apply never ran on it)."""
-    uploaded = sorted((state_dir(lab_host) / "staging").glob(f"patch-{package}-*.json"),
-                      key=lambda path: path.stat().st_mtime_ns)  # named per run (operations/patches.py)
     try:
-        return json.loads(uploaded[-1].read_text()) if uploaded else None
+        return json.loads((state_dir(lab_host) / "staging" / f"patch-{package}.json").read_text())
     except (FileNotFoundError, ValueError):
         return None
 
@@ -324,8 +322,7 @@ def test_controller_killed_during_patching_leaves_every_package_whole(fault_lab:
         for lab_host in hosts:
             revert_patches(fault_lab, lab_host)
             for package in PACKAGES:  # the manifest found after the kill is then this attempt's, or there is none
-                for manifest in (state_dir(lab_host) / "staging").glob(f"patch-{package}-*.json"):
-                    manifest.unlink(missing_ok=True)
+                (state_dir(lab_host) / "staging" / f"patch-{package}.json").unlink(missing_ok=True)
         run = Controller("-y", "deploy.py", report_dir=tmp_path)
         run.wait_until(lambda: "Starting operation: patches" in run.output(), "patching")
         delay = chooser.uniform(0.0, 1.5)

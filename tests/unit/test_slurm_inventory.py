@@ -58,9 +58,9 @@ def test_the_allocations_nodes_are_listed_with_the_data_of_a_shared_environment(
         assert host["groups"] == ["slurm"]
         data = host["data"]
         assert {key: data.get(key) for key in ("ssh_user", "target_python", "rocm_root", "state_dir",
-                                               "ssh_strict_host_key_checking", "_sudo")} == {
+                                               "shared_environment", "ssh_strict_host_key_checking", "_sudo")} == {
             "ssh_user": "alice", "target_python": "/project/g1/venv-aiter/bin/python", "rocm_root": "/opt/rocm-6.4.3",
-            "state_dir": f"/home/alice/.local/state/cdna2/nodes/{host['name']}",
+            "state_dir": f"/home/alice/.local/state/cdna2/nodes/{host['name']}", "shared_environment": True,
             "ssh_strict_host_key_checking": "yes", "_sudo": None}
     validated = subprocess.run([sys.executable, "-m", "cdna2", "validate-data", "-"], cwd=REPO, text=True,
                                input=json.dumps(hosts), capture_output=True, timeout=120)
