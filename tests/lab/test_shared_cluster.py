@@ -50,6 +50,7 @@ def cluster():
         try:
             lab = json.loads((lab_dir / "lab.json").read_text())
             lab["by_name"] = {host["name"]: host for host in lab["hosts"]}
+            lab["pristine"] = environment_files(lab["by_name"]["mi210-a"])
             yield lab
         finally:
             run_lab_command("down", lab_dir=lab_dir, check=False)
@@ -108,6 +109,18 @@ def test_one_writer_eight_verified_files_as_a_single_host_deploy_and_a_rerun_cha
     verified = run_pyinfra("-y", "verify.py", report_dir=tmp_path)
     assert verified.returncode == 0 and all(row["steps"]["verify"]["status"] == "ok"
                                             for row in verified.report["hosts"]), verified.output[-3000:]
+
+    # Rolled back once, by its first host, triton included; the others check its files against RECORD.
+    rolled_back = run_pyinfra("-y", "rollback.py", "--data", "rollback_restore_triton=true", *limited_to(SHARED),
+                              report_dir=tmp_path)
+    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
+    assert rolled_back.row("mi210-a")["steps"]["rollback"]["status"] == "changed"
+    for name in SHARED[1:]:
+        steps = rolled_back.row(name)["steps"]
+        assert steps["rollback"]["detail"] == "rolled back once, by mi210-a (shared environment /opt/venv)", steps
+        assert steps["record"]["status"] == "ok", steps
+    assert environment_files(cluster["by_name"]["mi210-a"]) == cluster["pristine"], "stock again, file for file"
+    assert not (shared_venv / ".cdna2").exists()
 
 
 class Killer(threading.Thread):
