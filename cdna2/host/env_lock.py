@@ -31,9 +31,10 @@ OWNER = "owner.json"
 WRITER = "writer.json"  # the run that wrote the environment last, and from which node
 HEARTBEAT_S = 2.0
 # A holder's heartbeat missing this long means its node is gone (or cut off): 10 missed beats, far beyond an NFS
-# server's usual stall. A holder paused that long (SIGSTOP) loses the lock; its next write then fails the check
-# in ``EnvLock.confirm``.
+# server's usual stall. A holder paused that long (SIGSTOP) loses the lock, and its heartbeat ends its process at
+# its next beat (LOST_LOCK_EXIT).
 STALE_S = 20.0
+LOST_LOCK_EXIT = 75
 WAIT_S = 900.0  # how long a command waits for another node's command on the environment before giving up
 
 
@@ -132,19 +133,19 @@ class EnvLock:
         owner, _ = self._owner()
         return bool(owner) and owner.get("token") == self.token
 
-    def confirm(self) -> None:
-        """Raise unless this holder still holds the lock (a holder paused past ``stale_s`` may have lost it)."""
-        if not self.held():
-            raise SharedEnvironmentBusy(f"{self.lock_dir} was taken over by {describe(self._owner()[0])} while "
-                                        f"this command held it (paused past {self.stale_s:.0f} s?): nothing more "
-                                        f"is written; run again")
-
     def _beat(self) -> None:
+        """Touch the owner file every ``heartbeat_s``. A holder that finds its lock taken over (paused, or cut off
+        from the filesystem, past ``stale_s``) ends its process at once, like a killed command: what it was writing
+        is whole or journalled, and another holder now writes."""
         while not self._stop.wait(self.heartbeat_s):
+            if not self.held():
+                print(f"{self.lock_dir} was taken over by {describe(self._owner()[0])} while this command (pid "
+                      f"{os.getpid()}) held it: stopping here; run again", file=sys.stderr, flush=True)
+                os._exit(LOST_LOCK_EXIT)
             try:
                 os.utime(self.lock_dir / OWNER)
             except OSError:
-                return  # taken over: confirm() tells the command
+                pass  # taken over between the two looks: the next beat stops the process
 
     def _owner(self) -> tuple[dict | None, tuple | None]:
         """The owner document (None while the holder is still writing it) and a mark that changes with each beat."""

@@ -115,14 +115,21 @@ def test_another_nodes_holder_is_waited_for_while_its_heartbeat_goes_on_and_take
     assert 1.0 <= time.monotonic() - started < 5
 
 
-def test_a_holder_that_lost_the_lock_is_told_before_it_writes(tmp_path: Path) -> None:
-    with EnvLock(tmp_path, heartbeat_s=0.05) as lock:
-        lock.confirm()
-        os.rename(tmp_path / "lock", tmp_path / "lock.broken-by-test")  # what a waiter's takeover does
-        another_node_holds(tmp_path)
-        with pytest.raises(SharedEnvironmentBusy, match="was taken over by pid 4242 on node nid001007"):
-            lock.confirm()
-    assert (tmp_path / "lock" / "owner.json").exists(), "the new holder's lock is not released by the old one"
+def test_a_holder_that_lost_the_lock_ends_its_process_at_its_next_heartbeat(tmp_path: Path) -> None:
+    """A holder paused past the stale time (here: its lock taken over under it) must not write on beside the new
+    holder: its heartbeat ends the process, as a kill would."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom cdna2.host.env_lock import EnvLock\n"
+        f"with EnvLock(Path({str(tmp_path)!r}), heartbeat_s=0.05):\n"
+        "    print('held', flush=True)\n    time.sleep(30)\n    print('wrote on', flush=True)\n")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    os.rename(tmp_path / "lock", tmp_path / "lock.broken-by-test")  # what a waiter's takeover does
+    another_node_holds(tmp_path)
+    out, err = holder.communicate(timeout=10)
+    assert holder.returncode == env_lock.LOST_LOCK_EXIT and "wrote on" not in out
+    assert "was taken over by pid 4242 on node nid001007" in err, err
+    assert (tmp_path / "lock" / "owner.json").exists(), "the new holder's lock is left alone"
 
 
 def test_a_shared_state_directory_is_locked_across_nodes_and_takes_no_run_lease(tmp_path: Path,
