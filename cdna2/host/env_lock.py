@@ -104,7 +104,7 @@ class EnvLock:
             if mark != seen:
                 seen, since = mark, time.monotonic()
             if self._holder_gone(owner, time.monotonic() - since):
-                self._break()
+                self._break((owner or {}).get("token"))
                 continue
             if time.monotonic() >= deadline:
                 raise SharedEnvironmentBusy(
@@ -127,7 +127,9 @@ class EnvLock:
             self._beating.join()
         if self.held():
             # Renamed away first: a waiter never finds the lock directory without its owner file mid-removal.
-            self._remove(self.lock_dir.with_name(f"{LOCK}.released-{self.token}"))
+            aside = self.lock_dir.with_name(f"{LOCK}.released-{self.token}")
+            os.rename(self.lock_dir, aside)
+            shutil.rmtree(aside, ignore_errors=True)
 
     def held(self) -> bool:
         owner, _ = self._owner()
@@ -163,17 +165,26 @@ class EnvLock:
             return _process_start(owner["pid"]) != owner.get("start")
         return unchanged_s >= self.stale_s
 
-    def _break(self) -> None:
-        """Take a dead holder's lock away; only one of several racing waiters' renames finds it."""
+    def _break(self, dead_token: str | None) -> None:
+        """Take the dead holder's lock away (``dead_token``: its owner file's token, None when it wrote none). Only
+        one of several racing waiters' renames finds it; a waiter whose rename caught a lock another waiter had
+        just taken (its decision came from the dead holder's owner file) puts that one back at once."""
+        aside = self.lock_dir.with_name(f"{LOCK}.broken-{uuid.uuid4().hex}")
         try:
-            self._remove(self.lock_dir.with_name(f"{LOCK}.broken-{uuid.uuid4().hex}"))
+            os.rename(self.lock_dir, aside)
         except FileNotFoundError:
-            pass
-
-    def _remove(self, aside: Path) -> None:
-        os.rename(self.lock_dir, aside)
+            return
+        try:
+            taken = json.loads((aside / OWNER).read_text(encoding="utf-8")).get("token")
+        except (OSError, ValueError):
+            taken = None
+        if taken != dead_token:
+            try:
+                os.rename(aside, self.lock_dir)
+                return
+            except OSError:
+                pass  # a third holder made a new lock meanwhile; the live one we caught stops at its next beat
         shutil.rmtree(aside, ignore_errors=True)
-
 
 def describe(owner: dict | None) -> str:
     if not owner:

@@ -115,6 +115,17 @@ def test_another_nodes_holder_is_waited_for_while_its_heartbeat_goes_on_and_take
     assert 1.0 <= time.monotonic() - started < 5
 
 
+def test_a_waiter_that_decided_on_a_dead_holder_puts_back_a_lock_taken_meanwhile(tmp_path: Path) -> None:
+    """Two waiters saw the same dead holder; the first broke its lock and took a new one. The second's rename then
+    catches the first's live lock: it must put it back, not take it."""
+    another_node_holds(tmp_path)  # the live holder's token: "theirs"
+    EnvLock(tmp_path)._break(dead_token="the dead holder's")
+    assert json.loads((tmp_path / "lock" / "owner.json").read_text())["token"] == "theirs"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["lock"]
+    EnvLock(tmp_path)._break(dead_token="theirs")
+    assert list(tmp_path.iterdir()) == [], "the dead holder's lock is gone, set-aside copy and all"
+
+
 def test_a_holder_that_lost_the_lock_ends_its_process_at_its_next_heartbeat(tmp_path: Path) -> None:
     """A holder paused past the stale time (here: its lock taken over under it) must not write on beside the new
     holder: its heartbeat ends the process, as a kill would."""
