@@ -269,7 +269,7 @@ def _link(kernel: _Kernel, code: _Code, code_moved: bool) -> bytes:
     """The code object as ld.lld links the kernel's source with its new code (tests/unit/kernels/test_reassemble.py
     compares the two), with what only the original's linker and compiler wrote kept: the sections before .text
     are the original's; each allocated section after it is placed by ld.lld's rules (the first of a PT_LOAD on the
-    next page at the same page offset, its file offset congruent to its address; .relro_padding up to the page
+    next page at the file offset's place in its page, its file offset congruent to its address; .relro_padding up to the page
     end); the program headers span their sections again; the symbols and the kernel descriptors' code entry
     offsets follow the code; the non-allocated sections keep the original's order (DWARF only when no code moved:
     its addresses would be stale). One ld.lld run writes one file, so linking a batch by ld.lld would cost a
@@ -286,7 +286,8 @@ def _link(kernel: _Kernel, code: _Code, code_moved: bool) -> bytes:
         if not section.flags & SHF_ALLOC:
             continue
         if section.address in load_starts:
-            address = _align_up(_align_up(address, PAGE) + address % PAGE, section.align)
+            # at the file offset's place in the page: after .relro_padding (no file bytes) that is not the address's
+            address = _align_up(_align_up(address, PAGE) + offset % PAGE, section.align)
             offset += (address - offset) % PAGE
         else:
             address = _align_up(address, section.align)
@@ -366,6 +367,9 @@ def _place_program_headers(image: bytearray, headers: list[list[int]], table: li
     for number, (kind, flags, offset, vaddr, paddr, filesz, memsz, align) in enumerate(headers):
         spanned = [i for i, s in enumerate(table) if s.flags & SHF_ALLOC and s.size
                    and vaddr <= s.address and s.address + s.size <= vaddr + memsz]
+        if (kind in (PT_LOAD, PT_GNU_RELRO) and spanned and spanned[-1] + 1 < len(table)
+                and table[spanned[-1] + 1].name == ".relro_padding"):
+            spanned.append(spanned[-1] + 1)  # ld.lld puts it in the RELRO segment and its PT_LOAD, also when empty
         if not spanned or spanned[-1] < t or table[spanned[0]].address != vaddr:
             continue
         first, last = placed[spanned[0]], placed[spanned[-1]]
