@@ -65,6 +65,9 @@ class Job:
     mcpu: str  # gfx942 for the round trip, gfx90a for translated kernels
     encodings: dict[bytes, bytes] | None = None  # original instruction -> bytes emitted instead (None: the same)
     edits: tuple[Edit, ...] = ()
+    # Edit texts whose bytes for `mcpu` are known (assembled before, checked by the proof like any instruction):
+    # emitted as those bytes, so llvm-mc parses none of them again (the split's 400,000 MFMA halves cost it 2.5 CPU-s).
+    assembled: dict[str, bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -143,10 +146,20 @@ def _label_offsets(kernel: _Kernel) -> set[int]:
     return offsets
 
 
+def _edit_lines(texts: tuple[str, ...], known: dict[str, bytes] | None) -> list[str]:
+    """An edit's instructions as text, or as their bytes (`.long` words) when every one's bytes are known
+    (Job.assembled). Not `.incbin`: llvm-mc reads the whole file again for each, which cost more than the texts."""
+    if not known or not all(text in known for text in texts):
+        return list(texts)
+    data = b"".join(map(known.__getitem__, texts))
+    return [".long " + ",".join(map(hex, struct.unpack(f"<{len(data) // 4}I", data)))]
+
+
 def _text_lines(kernel: _Kernel, job: Job, body: Path, name: str) -> list[str]:
     """The kernel's .text as section `name` of the batch's source: runs of instructions that stay as they are
     included from `body` (their encodings, so the assembler cannot choose another), branches as mnemonic and label,
-    edits as instruction text, and a label `name.<offset>` where each symbol offset (_label_offsets) lands."""
+    edits as instruction text or known bytes (_edit_lines), and a label `name.<offset>` where each symbol offset
+    (_label_offsets) lands."""
     edits = _checked_edits(kernel, job)
     targets = branch_targets(kernel.instructions, kernel.starts)
     starts = kernel.starts
@@ -167,10 +180,10 @@ def _text_lines(kernel: _Kernel, job: Job, body: Path, name: str) -> list[str]:
         if i == len(kernel.instructions):
             break
         planned = edits.get(i, {})
-        lines += planned.get("insert", ())
+        lines += _edit_lines(planned.get("insert", ()), job.assembled)
         run_start = i + 1
         if "replace" in planned:
-            lines += planned["replace"]
+            lines += _edit_lines(planned["replace"], job.assembled)
         elif i in targets:
             lines.append(f"{isa.branch_of(kernel.instructions[i])[0]} .L{name}.b{targets[i]}")
         else:
