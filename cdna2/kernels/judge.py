@@ -35,7 +35,7 @@ class Verdicts:
     encodings: dict[int, bytes]  # of each passing instruction: its gfx90a bytes
     reasons: dict[int, str]  # of each blocking instruction: why it blocks
     buckets: dict[int, str]  # of each blocking instruction
-    splittable: list[int]  # the blocking int8 K=32 MFMAs whose split is planned (and, with it on, assembles and decodes)
+    splittable: list[int]  # the blocking int8 K=32 MFMAs whose split is planned (with it on: assembles, decodes)
     halves: dict[int, tuple[Expected, Expected]]  # of each splittable one, when decoded back
     assembled: int  # distinct texts assembled for gfx90a
     halves_assembled: int  # of them, halves of int8 K=32 MFMAs

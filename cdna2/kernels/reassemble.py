@@ -282,11 +282,11 @@ def _link(kernel: _Kernel, code: _Code, code_moved: bool) -> bytes:
     """The code object as ld.lld links the kernel's source with its new code (tests/unit/kernels/test_reassemble.py
     compares the two), with what only the original's linker and compiler wrote kept: the sections before .text
     are the original's; each allocated section after it is placed by ld.lld's rules (the first of a PT_LOAD on the
-    next page at the file offset's place in its page, its file offset congruent to its address; .relro_padding up to the page
-    end); the program headers span their sections again; the symbols and the kernel descriptors' code entry
-    offsets follow the code; the non-allocated sections keep the original's order (DWARF only when no code moved:
-    its addresses would be stale). One ld.lld run writes one file, so linking a batch by ld.lld would cost a
-    start per kernel, as much as the link itself."""
+    next page at the file offset's place in its page, its file offset congruent to its address; .relro_padding up
+    to the page end); the program headers span their sections again; the symbols and the kernel descriptors' code
+    entry offsets follow the code; the non-allocated sections keep the original's order (DWARF only when no code
+    moved: its addresses would be stale). One ld.lld run writes one file, so linking a batch by ld.lld would cost
+    a start per kernel, as much as the link itself."""
     data, table, text = kernel.data, kernel.sections, kernel.text
     t = table.index(text)
     headers = _program_headers(data)
@@ -443,8 +443,11 @@ def rebuild(tools: llvm.LlvmTools, jobs: list[Job]) -> list[Rebuilt]:
         job = jobs[number]
         try:
             out = _link(kernels[number], code, code_moved=bool(job.edits))
-        except (ReassemblyError, elf.ElfError, KeyError) as error:
-            errors[number] = f"the link did not follow the code: {error!r}" if isinstance(error, KeyError) else str(error)
+        except KeyError as error:  # a symbol offset the assembler placed no label at
+            errors[number] = f"the link found no label for .text+{error.args[0]:#x}"
+            continue
+        except (ReassemblyError, elf.ElfError) as error:
+            errors[number] = str(error)
             continue
         target = Path(job.target)
         target.parent.mkdir(parents=True, exist_ok=True)
