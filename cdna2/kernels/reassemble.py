@@ -237,9 +237,10 @@ def _assemble(tools: llvm.LlvmTools, mcpu: str, texts: dict[int, list[str]], wor
         result = llvm.run([tools.tool("llvm-mc"), f"-triple={llvm.TRIPLE}", f"-mcpu={mcpu}", "-filetype=obj",
                            str(source), "-o", str(obj)])
         if result.returncode == 0:
-            return _read_assembled(obj.read_bytes(), list(texts)), errors
+            codes, relocated = _read_assembled(obj.read_bytes(), list(texts))
+            return codes, errors | relocated
         refused = _llvm_mc_errors(result.stderr, source, owner_of_line)
-        for number in refused or texts:  # diagnostics naming no line leave no kernel to trust
+        for number in list(refused or texts):  # diagnostics naming no line leave no kernel to trust
             found = refused.get(number) or [result.stderr.strip()[-600:]]
             errors[number] = (("a branch would leave the signed 16-bit dword range once the code moves: "
                                if any("branch size exceeds simm16" in e for e in found) else "llvm-mc failed: ")
@@ -248,12 +249,13 @@ def _assemble(tools: llvm.LlvmTools, mcpu: str, texts: dict[int, list[str]], wor
     return {}, errors
 
 
-def _read_assembled(obj: bytes, numbers: list[int]) -> dict[int, _Code]:
+def _read_assembled(obj: bytes, numbers: list[int]) -> tuple[dict[int, _Code], dict[int, str]]:
+    """Each kernel's section and labels from the batch's object, and the error of each whose code needs a relocation
+    (a reference outside its own section: nothing the link would resolve)."""
     table = elf.sections(obj)
     by_name = {section.name: section for section in table}
-    if any(section.name.startswith(".rela") for section in table):
-        raise ReassemblyError("the assembler left relocations in the code: "
-                              + ", ".join(s.name for s in table if s.name.startswith(".rela")))
+    relocated = {number: "the assembler left relocations in the code" for number in numbers
+                 if f".relak{number}" in by_name}
     moved_to: dict[int, dict[int, int]] = {number: {} for number in numbers}
     for symbol in elf.symbols(obj, table):
         kernel, dot, offset = symbol.name.partition(".")
@@ -262,8 +264,9 @@ def _read_assembled(obj: bytes, numbers: list[int]) -> dict[int, _Code]:
     out = {}
     for number in numbers:
         section = by_name[f"k{number}"]
-        out[number] = _Code(obj[section.offset:section.offset + section.size], moved_to[number])
-    return out
+        if number not in relocated:
+            out[number] = _Code(obj[section.offset:section.offset + section.size], moved_to[number])
+    return out, relocated
 
 
 # --- stage 4: link --------------------------------------------------------------------------------------------------

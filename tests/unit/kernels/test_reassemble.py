@@ -83,6 +83,14 @@ def test_a_kernel_llvm_mc_refuses_is_reported_alone_and_its_batch_mates_written(
         assert (tmp_path / "out" / source.name).read_bytes() == source.read_bytes(), "batch-mates rebuilt as alone"
 
 
+def test_an_edit_the_link_would_have_to_resolve_is_refused(build_code_object, llvm_tools, tmp_path):
+    source = build_code_object(tmp_path / "loop.co", *LOOP)
+    result = round_trip(llvm_tools, source, tmp_path / "out.co",
+                        reassemble.Edit(1, "insert", ("s_mov_b32 s0, elsewhere@abs32@lo",)))
+    assert result.error == "the assembler left relocations in the code"
+    assert not (tmp_path / "out.co").exists()
+
+
 # --- whole trees ----------------------------------------------------------------------------------------------------
 
 def _round_trip_batch(root: str, out: str, relpaths: list[str]) -> list[tuple[str, str | None]]:
