@@ -236,7 +236,7 @@ def rebuild_batch(tools: llvm.LlvmTools, src_root: str, staging_root: str, batch
             kernel.count(moved)
             groups = kernel.groups()
             job = reassemble.Job(relpath, str(source), str(target), "gfx90a", encodings, tuple(kernel.edits()),
-                                 assembled)
+                                 assembled, kernel.targets)
         except (elf.ElfError, isa.SplitError, reassemble.ReassemblyError) as error:
             failed.append(Moved(relpath, "refused", str(error)))
             continue

@@ -24,6 +24,7 @@ from __future__ import annotations
 import struct
 import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from cdna2.host import elf
@@ -68,6 +69,7 @@ class Job:
     # Edit texts whose bytes for `mcpu` are known (assembled before, checked by the proof like any instruction):
     # emitted as those bytes, so llvm-mc parses none of them again (the split's 400,000 MFMA halves cost it 2.5 CPU-s).
     assembled: dict[str, bytes] | None = None
+    branches: dict[int, int] | None = None  # branch_targets of the source's instructions, where the caller has them
 
 
 @dataclass(frozen=True)
@@ -151,8 +153,13 @@ def _edit_lines(texts: tuple[str, ...], known: dict[str, bytes] | None) -> list[
     (Job.assembled). Not `.incbin`: llvm-mc reads the whole file again for each, which cost more than the texts."""
     if not known or not all(text in known for text in texts):
         return list(texts)
-    data = b"".join(map(known.__getitem__, texts))
-    return [".long " + ",".join(map(hex, struct.unpack(f"<{len(data) // 4}I", data)))]
+    return [".long " + ",".join([_words(known[text]) for text in texts])]
+
+
+@lru_cache(maxsize=None)
+def _words(encoding: bytes) -> str:
+    """An encoding as `.long` operands; the split repeats the same halves thousands of times."""
+    return ",".join(map(hex, struct.unpack(f"<{len(encoding) // 4}I", encoding)))
 
 
 def _text_lines(kernel: _Kernel, job: Job, body: Path, name: str) -> list[str]:
@@ -161,7 +168,7 @@ def _text_lines(kernel: _Kernel, job: Job, body: Path, name: str) -> list[str]:
     edits as instruction text or known bytes (_edit_lines), and a label `name.<offset>` where each symbol offset
     (_label_offsets) lands."""
     edits = _checked_edits(kernel, job)
-    targets = branch_targets(kernel.instructions, kernel.starts)
+    targets = branch_targets(kernel.instructions, kernel.starts) if job.branches is None else job.branches
     starts = kernel.starts
     index_of = {start: i for i, start in enumerate(starts)}
     offsets = _label_offsets(kernel)
