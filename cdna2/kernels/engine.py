@@ -63,9 +63,9 @@ class TranslationError(RuntimeError):
 # --- stages 1-4: the analysis shared by translate and classify ------------------------------------------------------
 
 def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, pool: ProcessPoolExecutor,
-             progress: Progress, audit: bool = True, decode_splits: bool = False) -> Analysis:
-    """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing); `decode_splits`
-    when split kernels are to be written (their proof needs the halves' text as LLVM prints it). The judge's
+             progress: Progress, audit: bool = True, with_split: bool = False) -> Analysis:
+    """Stages 1-4 (without `audit`, 1-3: translate runs the audit pipelined with the writing); `with_split` when
+    split kernels are to be written (their halves are assembled, and decoded back for their proof). The judge's
     batches are queued as the scan finds new instructions, so they fill the scan's last moments."""
     analysis = Analysis()
     started = time.monotonic()
@@ -80,7 +80,7 @@ def _analyse(src: Path, kernels: list[str], tools: llvm.LlvmTools, jobs: int, po
 
     def queue(at_least: int) -> None:
         while pending and len(pending) >= at_least:
-            judged.append(pool.submit(judge.judge_batch, tools, pending[:size], decode_splits))
+            judged.append(pool.submit(judge.judge_batch, tools, pending[:size], with_split))
             del pending[:size]
 
     for table, results in pool.map(scan_batch, [str(src)] * len(groups), groups):
@@ -308,7 +308,7 @@ def translate_tree(src: Path, dst: Path, *, jobs: int | None = None, cache_dir: 
     try:
         with workers.pool(jobs) as pool:
             analysis = _analyse(src, kernel_paths, tools, jobs, pool, progress, audit=False,
-                                decode_splits=policy.int8_k32_split)
+                                with_split=policy.int8_k32_split)
             staging.mkdir()
             unlocked = _kernels_the_split_unlocks(analysis) if policy.int8_k32_split else []
             audit_started = time.monotonic()

@@ -1,52 +1,46 @@
-"""Re-assembly: a code object is turned back into assembly source, built again by llvm-mc and ld.lld, and what only
-the original's linker wrote is restored, so that code can move (an `s_nop` inserted, one instruction replaced by
-several) with every branch still landing on the same instruction.
+"""Re-assembly: a code object's code is turned back into assembly source, assembled again by llvm-mc and laid out
+in the file as ld.lld lays it out, so that code can move (an `s_nop` inserted, one instruction replaced by several)
+with every branch still landing on the same instruction.
 
-rebuild() runs the stages in this order, per kernel:
+rebuild() runs the stages in this order, for a batch of kernels:
 1. read: sections, symbols and the instructions of .text; every branch target computed from its encoding (objdump's
    `<L_end0+0x634>`-style labels are never parsed);
-2. source: runs of unchanged instructions as their encodings (`.incbin` of the re-encoded .text, so the assembler
-   cannot pick another encoding), branches as their mnemonic and a label at the target, the planned edits as
-   instruction text, the original symbols at their (moved) addresses with their binding, type,
-   visibility and, only where the original had one, `.size`; the kernel descriptor as its 64 bytes with the code
-   entry offset emitted as `.quad NAME@rel64 - NAME.kd` (objdump's `.amdhsa_kernel` directives do not re-assemble
-   as printed: the assembler adds its own SGPRs to `.amdhsa_next_free_sgpr`); the metadata note as its bytes;
-3. assemble (llvm-mc -filetype=obj) and link (ld.lld -shared);
-4. restore what the original's linker and compiler wrote and ours do not: the `.comment` string, LLD 17's layout
-   without a `.relro_padding` section, non-allocated compiler sections (`.AMDGPU.gpr_maximums`; DWARF only when no
-   code moved).
+2. source: per kernel, its .text as a section of its own: runs of unchanged instructions as their encodings
+   (`.incbin` of the re-encoded .text, so the assembler cannot pick another encoding), branches as their mnemonic
+   and a label at the target, the planned edits as instruction text, a label at each offset a symbol names;
+3. assemble: one llvm-mc -filetype=obj run for the batch (per processor); a kernel it refuses is named by its
+   error's line and the rest assembled again without it;
+4. link: each file is the original with its new code, every allocated section after .text, the program headers,
+   the symbols and the kernel descriptors' code entry offsets placed as ld.lld places them for the same source
+   (test_reassemble.py compares with ld.lld), and the original's non-allocated sections (DWARF only when no code
+   moved).
 
-With no edit the output is byte-identical to the input; tests/unit/kernels/test_reassemble.py proves it on whole
-AITER trees.
+With no edit the output is byte-identical to the input, its code assembled again; tests/unit/kernels/
+test_reassemble.py proves it on whole AITER trees.
 """
 
 from __future__ import annotations
 
 import struct
-import subprocess
 import tempfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from cdna2.host import elf
 from cdna2.kernels import isa, llvm
 
-# Allocated sections ld.lld makes itself, and those the source reproduces; any other allocated section is refused.
+# Allocated sections ld.lld makes itself, and those of the compiler's source; any other allocated section is refused.
 LINKER_SECTIONS = {"", ".dynsym", ".gnu.hash", ".hash", ".dynstr", ".dynamic", ".relro_padding"}
 SOURCE_SECTIONS = {".note", ".rodata", ".text", ".bss"}
-LINKED_TABLES = {".symtab", ".strtab", ".shstrtab"}  # the link's own non-allocated sections that are kept
-LINKER_SYMBOLS = {"_DYNAMIC"}
-SHT_NULL, SHF_ALLOC = 0, 0x2
+SHT_NULL, SHT_DYNSYM, SHF_ALLOC = 0, 11, 0x2
 SECTION_HEADER = struct.Struct("<IIQQQQIIQQ")
+_SYMBOL = struct.Struct("<IBBHQQ")
 KERNEL_DESCRIPTOR_SIZE = 64
 ENTRY_OFFSET_FIELD = 16  # kernel_code_entry_byte_offset: int64, the entry point relative to the descriptor
-# e_ident[EI_ABIVERSION] -> code object version (AMDGPUUsage: ELFABIVERSION_AMDGPU_HSA_V4/V5/V6).
-CODE_OBJECT_VERSIONS = {2: 4, 3: 5, 4: 6}
-_BINDINGS = {0: None, 1: ".globl", 2: ".weak"}
-_TYPES = {0: "@notype", 1: "@object", 2: "@function"}
-_VISIBILITY = {0: None, 1: ".internal", 2: ".hidden", 3: ".protected"}
 _PROGRAM_HEADER = struct.Struct("<IIQQQQQQ")
-PT_LOAD = 1
+PT_LOAD, PT_GNU_RELRO = 1, 0x6474E552
+PAGE = 0x1000  # ld.lld's maximum and common page size for AMDGPU
 
 
 class ReassemblyError(RuntimeError):
@@ -72,6 +66,10 @@ class Job:
     mcpu: str  # gfx942 for the round trip, gfx90a for translated kernels
     encodings: dict[bytes, bytes] | None = None  # original instruction -> bytes emitted instead (None: the same)
     edits: tuple[Edit, ...] = ()
+    # Edit texts whose bytes for `mcpu` are known (assembled before, checked by the proof like any instruction):
+    # emitted as those bytes, so llvm-mc parses none of them again (the split's 400,000 MFMA halves cost it 2.5 CPU-s).
+    assembled: dict[str, bytes] | None = None
+    branches: dict[int, int] | None = None  # branch_targets of the source's instructions, where the caller has them
 
 
 @dataclass(frozen=True)
@@ -103,58 +101,7 @@ def _read(data: bytes) -> _Kernel:
     return _Kernel(data, table, elf.symbols(data, table), text, instructions, isa.offsets(instructions))
 
 
-# --- stage 2: source ------------------------------------------------------------------------------------------------
-
-def _bytes_directive(data: bytes) -> list[str]:
-    return [".byte " + ",".join(map(str, data[i:i + 64])) for i in range(0, len(data), 64)]
-
-
-def _align(section: elf.Section) -> str:
-    if section.align & (section.align - 1):
-        raise ReassemblyError(f"{section.name} alignment {section.align} is not a power of two")
-    return f".p2align {max(section.align, 1).bit_length() - 1}"
-
-
-def _symbol_lines(kernel: _Kernel) -> list[str]:
-    """Declarations in the original symbol-table order: the assembler registers symbols as it first meets them, and
-    the linker keeps that order. A .text symbol's size is the distance to a label, so it follows moved code."""
-    text_index = kernel.sections.index(kernel.text)
-    lines = []
-    for number, symbol in enumerate(kernel.symbols):
-        if symbol.name in LINKER_SYMBOLS:
-            continue
-        if symbol.binding not in _BINDINGS or symbol.kind not in _TYPES or symbol.other not in _VISIBILITY:
-            raise ReassemblyError(f"symbol {symbol.name}: binding {symbol.binding}, type {symbol.kind}, "
-                                  f"visibility {symbol.other} not reproduced")
-        if _BINDINGS[symbol.binding]:
-            lines.append(f"{_BINDINGS[symbol.binding]} {symbol.name}")
-        lines.append(f".type {symbol.name},{_TYPES[symbol.kind]}")
-        if _VISIBILITY[symbol.other]:
-            lines.append(f"{_VISIBILITY[symbol.other]} {symbol.name}")
-        if symbol.section == elf.SHN_ABS:
-            lines.append(f".set {symbol.name}, {symbol.value}")
-        if symbol.size:
-            size = f".Lsize{number} - {symbol.name}" if symbol.section == text_index else str(symbol.size)
-            lines.append(f".size {symbol.name}, {size}")
-    return lines
-
-
-def _labels(kernel: _Kernel, section: elf.Section) -> dict[int, list[str]]:
-    """Section offset -> labels defined there: the symbols, in symbol-table order, and for .text the ends of the
-    symbols that have a size."""
-    index = kernel.sections.index(section)
-    labels: dict[int, list[str]] = {}
-    for number, symbol in enumerate(kernel.symbols):
-        if symbol.section == index and symbol.name not in LINKER_SYMBOLS:
-            if not 0 <= symbol.value - section.address <= section.size:
-                raise ReassemblyError(f"symbol {symbol.name} lies outside {section.name}")
-            labels.setdefault(symbol.value - section.address, []).append(symbol.name)
-    if section is kernel.text:
-        for number, symbol in enumerate(kernel.symbols):
-            if symbol.section == index and symbol.size:
-                labels.setdefault(symbol.value + symbol.size - section.address, []).append(f".Lsize{number}")
-    return labels
-
+# --- stage 2: source -----------------------------------------------------------------------------------------------
 
 def _checked_edits(kernel: _Kernel, job: Job) -> dict[int, dict[str, tuple[str, ...]]]:
     edits: dict[int, dict[str, tuple[str, ...]]] = {}
@@ -188,35 +135,64 @@ def branch_targets(instructions: list[bytes], starts: list[int]) -> dict[int, in
     return targets
 
 
-def _text_lines(kernel: _Kernel, job: Job, body: Path) -> list[str]:
-    """The .text source: runs of instructions that stay as they are included from `body` (their encodings, so the
-    assembler cannot choose another), branches as mnemonic and label, edits as instruction text."""
+def _label_offsets(kernel: _Kernel) -> set[int]:
+    """The .text offsets the file's tables name: where its .text symbols start and, for those with a size, end."""
+    index = kernel.sections.index(kernel.text)
+    offsets = set()
+    for symbol in kernel.symbols:
+        if symbol.section == index:
+            start = symbol.value - kernel.text.address
+            if not 0 <= start <= start + symbol.size <= kernel.text.size:
+                raise ReassemblyError(f"symbol {symbol.name} lies outside .text")
+            offsets.update((start, start + symbol.size))
+    return offsets
+
+
+def _edit_lines(texts: tuple[str, ...], known: dict[str, bytes] | None) -> list[str]:
+    """An edit's instructions as text, or as their bytes (`.long` words) when every one's bytes are known
+    (Job.assembled). Not `.incbin`: llvm-mc reads the whole file again for each, which cost more than the texts."""
+    if not known or not all(text in known for text in texts):
+        return list(texts)
+    return [".long " + ",".join([_words(known[text]) for text in texts])]
+
+
+@lru_cache(maxsize=None)
+def _words(encoding: bytes) -> str:
+    """An encoding as `.long` operands; the split repeats the same halves thousands of times."""
+    return ",".join(map(hex, struct.unpack(f"<{len(encoding) // 4}I", encoding)))
+
+
+def _text_lines(kernel: _Kernel, job: Job, body: Path, name: str) -> list[str]:
+    """The kernel's .text as section `name` of the batch's source: runs of instructions that stay as they are
+    included from `body` (their encodings, so the assembler cannot choose another), branches as mnemonic and label,
+    edits as instruction text or known bytes (_edit_lines), and a label `name.<offset>` where each symbol offset
+    (_label_offsets) lands."""
     edits = _checked_edits(kernel, job)
-    targets = branch_targets(kernel.instructions, kernel.starts)
-    labels = _labels(kernel, kernel.text)
+    targets = branch_targets(kernel.instructions, kernel.starts) if job.branches is None else job.branches
     starts = kernel.starts
     index_of = {start: i for i, start in enumerate(starts)}
-    if any(offset not in index_of for offset in labels):
+    offsets = _label_offsets(kernel)
+    if any(offset not in index_of for offset in offsets):
         raise ReassemblyError("a .text symbol lies inside an instruction")
-    label_at = {index_of[offset]: names for offset, names in labels.items()}
+    label_at: dict[int, list[str]] = {index_of[offset]: [f"{name}.{offset}"] for offset in offsets}
     for target in set(targets.values()):
-        label_at.setdefault(target, []).append(f".Lb{target}")
+        label_at.setdefault(target, []).append(f".L{name}.b{target}")
     breaks = sorted(set(label_at) | set(targets) | set(edits) | {len(kernel.instructions)})
-    lines = [".text", _align(kernel.text)]
+    lines = [f'.section {name},"ax",@progbits']
     run_start = 0
     for i in breaks:
         if run_start < i:
             lines.append(f'.incbin "{body}", {starts[run_start]}, {starts[i] - starts[run_start]}')
-        lines += [f"{name}:" for name in label_at.get(i, [])]
+        lines += [f"{label}:" for label in label_at.get(i, [])]
         if i == len(kernel.instructions):
             break
         planned = edits.get(i, {})
-        lines += planned.get("insert", ())
+        lines += _edit_lines(planned.get("insert", ()), job.assembled)
         run_start = i + 1
         if "replace" in planned:
-            lines += planned["replace"]
+            lines += _edit_lines(planned["replace"], job.assembled)
         elif i in targets:
-            lines.append(f"{isa.branch_of(kernel.instructions[i])[0]} .Lb{targets[i]}")
+            lines.append(f"{isa.branch_of(kernel.instructions[i])[0]} .L{name}.b{targets[i]}")
         else:
             run_start = i  # an unchanged instruction that only carries a label starts the next run
     return lines
@@ -232,164 +208,258 @@ def _body(kernel: _Kernel, job: Job) -> bytes:
     return b"".join(map(job.encodings.get, kernel.instructions, kernel.instructions))
 
 
-def _source(kernel: _Kernel, job: Job, body: Path) -> str:
-    version = CODE_OBJECT_VERSIONS.get(kernel.data[8])
-    if version is None:
-        raise ReassemblyError(f"ELF ABI version {kernel.data[8]} is no code object version this tool knows")
-    lines = [f".amdhsa_code_object_version {version}"] + _symbol_lines(kernel) + _text_lines(kernel, job, body)
-    by_name = {s.name: s for s in kernel.symbols}
-    for section in kernel.sections:
-        if section.name == ".note":
-            lines += ['.section .note,"a",@note', _align(section)]
-            lines += _bytes_directive(kernel.data[section.offset:section.offset + section.size])
-        elif section.name == ".rodata":
-            lines += ['.section .rodata,"a",@progbits', _align(section)]
-            lines += _rodata_lines(kernel, section, by_name)
-        elif section.name == ".bss":
-            lines += ['.section .bss,"aw",@nobits', _align(section)]
-            labels = _labels(kernel, section)
-            for offset in range(section.size + 1):
-                lines += [f"{name}:" for name in labels.get(offset, [])]
-            lines.append(f".zero {section.size}")
-    return "\n".join(lines) + "\n"
+# --- stage 3: assemble ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Code:
+    """A kernel's new .text as the assembler made it, and where each of its symbol offsets went."""
+    data: bytes
+    moved_to: dict[int, int]  # original .text offset -> new one
 
 
-def _rodata_lines(kernel: _Kernel, section: elf.Section, by_name: dict[str, elf.Symbol]) -> list[str]:
-    """The descriptors' bytes, each code entry offset as an expression the linker resolves."""
-    body = kernel.data[section.offset:section.offset + section.size]
-    labels = _labels(kernel, section)
-    expressions: dict[int, str] = {}
-    for offset, names in labels.items():
-        for name in names:
-            code = by_name.get(name.removesuffix(".kd"))
-            if not name.endswith(".kd") or code is None:
-                continue
-            if offset + KERNEL_DESCRIPTOR_SIZE > len(body):
-                raise ReassemblyError(f"kernel descriptor {name} runs past the end of .rodata")
-            (entry,) = struct.unpack_from("<q", body, offset + ENTRY_OFFSET_FIELD)
-            if section.address + offset + entry != code.value:
-                raise ReassemblyError(f"kernel descriptor {name}: entry offset {entry} does not point at {code.name}")
-            expressions[offset + ENTRY_OFFSET_FIELD] = f".quad {code.name}@rel64 - {name}"
-    lines, position = [], 0
-    for offset in sorted(set(labels) | set(expressions) | {len(body)}):
-        lines += _bytes_directive(body[position:offset])
-        position = offset
-        lines += [f"{name}:" for name in labels.get(offset, [])]
-        if offset in expressions:
-            lines.append(expressions[offset])
-            position = offset + 8
-    return lines
+def _llvm_mc_errors(stderr: str, source: Path, owner_of_line: list[int]) -> dict[int, list[str]]:
+    """llvm-mc's diagnostics per kernel (by the source line each names), each with the line it quotes."""
+    found: dict[int, list[str]] = {}
+    lines = stderr.splitlines()
+    prefix = f"{source}:"
+    for k, line in enumerate(lines):
+        if line.startswith(prefix) and ": error: " in line:
+            number = int(line[len(prefix):].split(":", 1)[0])
+            quoted = lines[k + 1].strip() if k + 1 < len(lines) else ""
+            found.setdefault(owner_of_line[number - 1], []).append(f"{line.split(': error: ', 1)[1]}: {quoted}")
+    return found
 
 
-# --- stage 3: assemble and link -------------------------------------------------------------------------------------
+def _assemble(tools: llvm.LlvmTools, mcpu: str, texts: dict[int, list[str]], work: Path
+              ) -> tuple[dict[int, _Code], dict[int, str]]:
+    """The .text of every kernel in `texts` (its number -> its _text_lines) from one llvm-mc run, each kernel in a
+    section of its own: a start of llvm-mc costs about as much as assembling a padded kernel. A kernel whose source
+    llvm-mc refuses is named by the line of its error and left out, and the others are assembled again without it.
+    Returns the code of each kernel assembled and the error of each refused."""
+    errors: dict[int, str] = {}
+    source, obj = work / f"batch-{mcpu}.s", work / f"batch-{mcpu}.o"
+    while texts:
+        owner_of_line = [number for number, lines in texts.items() for _ in lines]
+        source.write_text("".join(line + "\n" for lines in texts.values() for line in lines))
+        result = llvm.run([tools.tool("llvm-mc"), f"-triple={llvm.TRIPLE}", f"-mcpu={mcpu}", "-filetype=obj",
+                           str(source), "-o", str(obj)])
+        if result.returncode == 0:
+            codes, relocated = _read_assembled(obj.read_bytes(), list(texts))
+            return codes, errors | relocated
+        refused = _llvm_mc_errors(result.stderr, source, owner_of_line)
+        for number in list(refused or texts):  # diagnostics naming no line leave no kernel to trust
+            found = refused.get(number) or [result.stderr.strip()[-600:]]
+            errors[number] = (("a branch would leave the signed 16-bit dword range once the code moves: "
+                               if any("branch size exceeds simm16" in e for e in found) else "llvm-mc failed: ")
+                              + "; ".join(found))
+            del texts[number]
+    return {}, errors
 
-def _build(tools: llvm.LlvmTools, kernel: _Kernel, job: Job, work: Path) -> bytes:
-    body = work / "text.bin"
-    body.write_bytes(_body(kernel, job))
-    (work / "kernel.s").write_text(_source(kernel, job, body))
-    for argv in ([tools.tool("llvm-mc"), f"-triple={llvm.TRIPLE}", f"-mcpu={job.mcpu}", "-filetype=obj",
-                  str(work / "kernel.s"), "-o", str(work / "kernel.o")],
-                 [str(tools.bin_dir / "ld.lld"), "-shared", str(work / "kernel.o"), "-o", str(work / "kernel.co")]):
-        result = subprocess.run(argv, capture_output=True, text=True)
-        if "branch size exceeds simm16" in result.stderr:
-            raise ReassemblyError("a branch would leave the signed 16-bit dword range once the code moves: "
-                                  f"{result.stderr.strip()[-300:]}")
-        if result.returncode != 0:
-            raise ReassemblyError(f"{Path(argv[0]).name} failed: {result.stderr.strip()[-600:]}")
-    return (work / "kernel.co").read_bytes()
+
+def _read_assembled(obj: bytes, numbers: list[int]) -> tuple[dict[int, _Code], dict[int, str]]:
+    """Each kernel's section and labels from the batch's object, and the error of each whose code needs a relocation
+    (a reference outside its own section: nothing the link would resolve)."""
+    table = elf.sections(obj)
+    by_name = {section.name: section for section in table}
+    relocated = {number: "the assembler left relocations in the code" for number in numbers
+                 if f".relak{number}" in by_name}
+    moved_to: dict[int, dict[int, int]] = {number: {} for number in numbers}
+    for symbol in elf.symbols(obj, table):
+        kernel, dot, offset = symbol.name.partition(".")
+        if dot and kernel.startswith("k") and kernel[1:].isdigit() and offset.isdigit():
+            moved_to[int(kernel[1:])][int(offset)] = symbol.value
+    out = {}
+    for number in numbers:
+        section = by_name[f"k{number}"]
+        if number not in relocated:
+            out[number] = _Code(obj[section.offset:section.offset + section.size], moved_to[number])
+    return out, relocated
 
 
-# --- stage 4: restore -----------------------------------------------------------------------------------------------
+# --- stage 4: link --------------------------------------------------------------------------------------------------
 
-def _restore(original: _Kernel, built: bytes, code_moved: bool) -> bytes:
-    """Lay out the non-allocated sections again as the original's linker did: the original's .comment and the
-    sections only its compiler wrote (DWARF only when no code moved: its addresses would be stale), our symbol and
-    string tables, and no .relro_padding where the original had none."""
-    table = elf.sections(built)
-    if ".relro_padding" in (s.name for s in table) and ".relro_padding" not in (s.name for s in original.sections):
-        built, table = _without_relro_padding(built, table)
-    ours = {s.name: s for s in table}
-    allocated = [s for s in table if s.flags & SHF_ALLOC or s.type == SHT_NULL]
-    tail = []  # (section header taken from, its bytes)
-    for section in original.sections:
-        if section.flags & SHF_ALLOC or section.type == SHT_NULL:
+def _align_up(value: int, alignment: int) -> int:
+    return -(-value // max(alignment, 1)) * max(alignment, 1)
+
+
+def _program_headers(data: bytes) -> list[list[int]]:
+    (phoff,) = struct.unpack_from("<Q", data, 0x20)
+    (phnum,) = struct.unpack_from("<H", data, 0x38)
+    return [list(_PROGRAM_HEADER.unpack_from(data, phoff + i * _PROGRAM_HEADER.size)) for i in range(phnum)]
+
+
+def _link(kernel: _Kernel, code: _Code, code_moved: bool) -> bytes:
+    """The code object as ld.lld links the kernel's source with its new code (tests/unit/kernels/test_reassemble.py
+    compares the two), with what only the original's linker and compiler wrote kept: the sections before .text
+    are the original's; each allocated section after it is placed by ld.lld's rules (the first of a PT_LOAD on the
+    next page at the file offset's place in its page, its file offset congruent to its address; .relro_padding up
+    to the page end); the program headers span their sections again; the symbols and the kernel descriptors' code
+    entry offsets follow the code; the non-allocated sections keep the original's order (DWARF only when no code
+    moved: its addresses would be stale). One ld.lld run writes one file, so linking a batch by ld.lld would cost
+    a start per kernel, as much as the link itself."""
+    data, table, text = kernel.data, kernel.sections, kernel.text
+    t = table.index(text)
+    headers = _program_headers(data)
+    load_starts = {header[3] for header in headers if header[0] == PT_LOAD}
+    placed = {i: (s.address, s.offset, s.size) for i, s in enumerate(table)}
+    placed[t] = (text.address, text.offset, len(code.data))
+    address, offset = text.address + len(code.data), text.offset + len(code.data)
+    for i in range(t + 1, len(table)):
+        section = table[i]
+        if not section.flags & SHF_ALLOC:
             continue
-        if section.name in LINKED_TABLES:
-            if section.name not in ours:
-                raise ReassemblyError(f"the link made no {section.name}")
-            tail.append((ours[section.name], built[ours[section.name].offset:][:ours[section.name].size]))
-        elif not (code_moved and section.name.startswith(".debug_")):
-            tail.append((section, original.data[section.offset:][:section.size]))
-    names = [s.name for s in allocated] + [header.name for header, _ in tail]
-    if names == [s.name for s in original.sections]:
-        kept = next(s for s in original.sections if s.name == ".shstrtab")
-        names_table = original.data[kept.offset:kept.offset + kept.size]
+        if section.address in load_starts:
+            # at the file offset's place in the page: after .relro_padding (no file bytes) that is not the address's
+            address = _align_up(_align_up(address, PAGE) + offset % PAGE, section.align)
+            offset += (address - offset) % PAGE
+        else:
+            address = _align_up(address, section.align)
+            offset = offset if section.type == elf.SHT_NOBITS else _align_up(offset, section.align)
+        size = _align_up(address, PAGE) - address if section.name == ".relro_padding" else section.size
+        placed[i] = (address, offset, size)
+        address += size
+        offset += 0 if section.type == elf.SHT_NOBITS else size
+    allocated = [i for i, s in enumerate(table) if s.flags & SHF_ALLOC or s.type == SHT_NULL]
+    image = bytearray(data[:text.offset]) + code.data
+    for i in allocated:
+        if i > t and table[i].type != elf.SHT_NOBITS:
+            image += bytes(placed[i][1] - len(image)) + data[table[i].offset:table[i].offset + table[i].size]
+    _place_program_headers(image, headers, table, placed, t)
+
+    def moved(value: int, section: int, size: int) -> tuple[int, int]:
+        if section == t:
+            start = value - text.address
+            new = code.moved_to[start]
+            return text.address + new, code.moved_to[start + size] - new if size else 0
+        if t < section < len(table):
+            return value + placed[section][0] - table[section].address, size
+        return value, size
+
+    tail_data = {}
+    for i, section in enumerate(table):
+        if section.type in (elf.SHT_SYMTAB, SHT_DYNSYM):
+            entries = bytearray(data[section.offset:section.offset + section.size])
+            for at in range(_SYMBOL.size, len(entries), _SYMBOL.size):
+                name, info, other, index, value, size = _SYMBOL.unpack_from(entries, at)
+                _SYMBOL.pack_into(entries, at, name, info, other, index, *moved(value, index, size))
+            if section.flags & SHF_ALLOC:
+                image[placed[i][1]:placed[i][1] + len(entries)] = entries
+            else:
+                tail_data[i] = bytes(entries)
+    _move_code_entries(image, kernel, moved, placed)
+
+    tail = [i for i, s in enumerate(table)
+            if not (s.flags & SHF_ALLOC or s.type == SHT_NULL) and not (code_moved and s.name.startswith(".debug_"))]
+    order = allocated + tail
+    names = [table[i].name for i in order]
+    shstrtab = next(i for i, s in enumerate(table) if s.name == ".shstrtab")
+    if len(order) == len(table):
+        names_table = data[table[shstrtab].offset:table[shstrtab].offset + table[shstrtab].size]
     else:
         names_table = b"\0" + b"".join(name.encode() + b"\0" for name in dict.fromkeys(n for n in names if n))
-    tail = [(header, names_table) if header.name == ".shstrtab" else (header, data) for header, data in tail]
+    tail_data[shstrtab] = names_table
 
     def name_offset(name: str) -> int:
         return names_table.index(b"\0" + name.encode() + b"\0") + 1 if name else 0
 
-    out = bytearray(built[:max(s.offset + s.file_size for s in allocated)])
-    headers = [(name_offset(s.name), s.type, s.flags, s.address, s.offset, s.size, s.link, s.info, s.align,
-                s.entry_size) for s in allocated]
-    for header, data in tail:
-        align = max(header.align, 1)
-        offset = -(-len(out) // align) * align
-        out += bytes(offset - len(out)) + data
-        link = names.index(table[header.link].name) if header.type == elf.SHT_SYMTAB else header.link
-        headers.append((name_offset(header.name), header.type, header.flags, header.address, offset, len(data), link,
-                        header.info, header.align, header.entry_size))
-    section_table = -(-len(out) // 8) * 8
+    out = image
+    rows = []
+    for i in order:
+        s = table[i]
+        address, offset, size = placed[i]
+        if i in tail:
+            content = tail_data.get(i, data[s.offset:s.offset + s.size])
+            offset, size = _align_up(len(out), s.align), len(content)
+            out += bytes(offset - len(out)) + content
+        link = order.index(s.link) if i in tail and s.type == elf.SHT_SYMTAB else s.link
+        rows.append((name_offset(s.name), s.type, s.flags, address, offset, size, link, s.info, s.align, s.entry_size))
+    section_table = _align_up(len(out), 8)
     out += bytes(section_table - len(out))
-    for header in headers:
-        out += SECTION_HEADER.pack(*header)
+    for row in rows:
+        out += SECTION_HEADER.pack(*row)
     struct.pack_into("<Q", out, 0x28, section_table)
-    struct.pack_into("<HH", out, 0x3C, len(headers), names.index(".shstrtab"))
+    struct.pack_into("<HH", out, 0x3C, len(rows), order.index(shstrtab))
     return bytes(out)
 
 
-def _without_relro_padding(built: bytes, table: list[elf.Section]) -> tuple[bytes, list[elf.Section]]:
-    """LLD 18 added a NOBITS .relro_padding up to the page end of the RELRO segment and counts it in the writable
-    LOAD segment too; LLD 17 padded only the RELRO segment's memory size. Drop the section, shrink the LOAD."""
-    padding = next(s for s in table if s.name == ".relro_padding")
-    out = bytearray(built)
-    (phoff,) = struct.unpack_from("<Q", built, 0x20)
-    (phnum,) = struct.unpack_from("<H", built, 0x38)
-    for i in range(phnum):
-        fields = list(_PROGRAM_HEADER.unpack_from(built, phoff + i * _PROGRAM_HEADER.size))
-        kind, vaddr, memsz = fields[0], fields[3], fields[6]
-        if kind == PT_LOAD and vaddr + memsz == padding.address + padding.size:
-            fields[6] -= padding.size
-            _PROGRAM_HEADER.pack_into(out, phoff + i * _PROGRAM_HEADER.size, *fields)
-    index = table.index(padding)
-    kept = [s for s in table if s is not padding]
-    renumbered = [elf.Section(s.name, s.type, s.flags, s.address, s.offset, s.size,
-                              s.link - (s.link > index), s.info, s.align, s.entry_size) for s in kept]
-    symtab = next(s for s in kept if s.type == elf.SHT_SYMTAB)
-    for offset in range(symtab.offset, symtab.offset + symtab.size, 24):
-        (shndx,) = struct.unpack_from("<H", out, offset + 6)
-        if index < shndx < elf.SHN_ABS:
-            struct.pack_into("<H", out, offset + 6, shndx - 1)
-    return bytes(out), renumbered
+def _place_program_headers(image: bytearray, headers: list[list[int]], table: list[elf.Section],
+                           placed: dict[int, tuple[int, int, int]], t: int) -> None:
+    """Each program header that spans .text or a section after it spans its sections' new places, as ld.lld sets
+    them (a PT_GNU_RELRO's memory size up to the page end)."""
+    (phoff,) = struct.unpack_from("<Q", image, 0x20)
+    for number, (kind, flags, offset, vaddr, paddr, filesz, memsz, align) in enumerate(headers):
+        spanned = [i for i, s in enumerate(table) if s.flags & SHF_ALLOC and s.size
+                   and vaddr <= s.address and s.address + s.size <= vaddr + memsz]
+        if (kind in (PT_LOAD, PT_GNU_RELRO) and spanned and spanned[-1] + 1 < len(table)
+                and table[spanned[-1] + 1].name == ".relro_padding"):
+            spanned.append(spanned[-1] + 1)  # ld.lld puts it in the RELRO segment and its PT_LOAD, also when empty
+        if not spanned or spanned[-1] < t or table[spanned[0]].address != vaddr:
+            continue
+        first, last = placed[spanned[0]], placed[spanned[-1]]
+        offset, vaddr = first[1], first[0]
+        filesz = last[1] - first[1] + (0 if table[spanned[-1]].type == elf.SHT_NOBITS else last[2])
+        memsz = last[0] + last[2] - first[0]
+        if kind == PT_GNU_RELRO:
+            memsz = _align_up(offset + memsz, PAGE) - offset
+        _PROGRAM_HEADER.pack_into(image, phoff + number * _PROGRAM_HEADER.size,
+                                  kind, flags, offset, vaddr, vaddr, filesz, memsz, align)
+
+
+def _move_code_entries(image: bytearray, kernel: _Kernel, moved, placed: dict[int, tuple[int, int, int]]) -> None:
+    """Each kernel descriptor's code entry offset (kernel_code_entry_byte_offset, relative to the descriptor) set
+    to where its code now starts; it is checked to point at the code in the original first."""
+    by_name = {symbol.name: symbol for symbol in kernel.symbols}
+    for symbol in kernel.symbols:
+        code = by_name.get(symbol.name.removesuffix(".kd"))
+        if not symbol.name.endswith(".kd") or code is None:
+            continue
+        section = kernel.sections[symbol.section]
+        if section.name != ".rodata":
+            raise ReassemblyError(f"kernel descriptor {symbol.name} lies outside .rodata")
+        at = section.offset + symbol.value - section.address
+        if symbol.value + KERNEL_DESCRIPTOR_SIZE > section.address + section.size:
+            raise ReassemblyError(f"kernel descriptor {symbol.name} runs past the end of .rodata")
+        (entry,) = struct.unpack_from("<q", kernel.data, at + ENTRY_OFFSET_FIELD)
+        if symbol.value + entry != code.value:
+            raise ReassemblyError(f"kernel descriptor {symbol.name}: entry offset {entry} does not point at "
+                                  f"{code.name}")
+        struct.pack_into("<q", image, placed[symbol.section][1] + symbol.value - section.address + ENTRY_OFFSET_FIELD,
+                         moved(code.value, code.section, 0)[0] - symbol.value)
 
 
 # --- the entry point ------------------------------------------------------------------------------------------------
 
-def _rebuild_one(tools: llvm.LlvmTools, job: Job, work: Path) -> Rebuilt:
-    try:
-        kernel = _read(Path(job.source).read_bytes())
-        out = _restore(kernel, _build(tools, kernel, job, work), code_moved=bool(job.edits))
-    except (ReassemblyError, elf.ElfError, isa.SplitError) as error:
-        return Rebuilt(job.relpath, error=str(error))
-    target = Path(job.target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(out)
-    return Rebuilt(job.relpath)
-
-
 def rebuild(tools: llvm.LlvmTools, jobs: list[Job]) -> list[Rebuilt]:
-    """Rebuild each job's code object through assembly source; one worker's share of a tree."""
+    """Rebuild each job's code object through assembly source, one llvm-mc run per processor for all of them (one
+    worker's share of a tree); a kernel that cannot be rebuilt is reported alone and the others are written."""
+    errors: dict[int, str] = {}
+    kernels: dict[int, _Kernel] = {}
+    texts: dict[str, dict[int, list[str]]] = {}  # mcpu -> kernel number -> its .text source
     with tempfile.TemporaryDirectory(prefix="cdna2-reassemble-") as work:
-        return [_rebuild_one(tools, job, Path(work)) for job in jobs]
+        for number, job in enumerate(jobs):
+            try:
+                kernel = kernels[number] = _read(Path(job.source).read_bytes())
+                body = Path(work, f"k{number}.bin")
+                body.write_bytes(_body(kernel, job))
+                texts.setdefault(job.mcpu, {})[number] = _text_lines(kernel, job, body, f"k{number}")
+            except (ReassemblyError, elf.ElfError, isa.SplitError) as error:
+                errors[number] = str(error)
+        codes: dict[int, _Code] = {}
+        for mcpu, by_number in texts.items():
+            assembled, refused = _assemble(tools, mcpu, by_number, Path(work))
+            codes.update(assembled)
+            errors.update(refused)
+    for number, code in codes.items():
+        job = jobs[number]
+        try:
+            out = _link(kernels[number], code, code_moved=bool(job.edits))
+        except KeyError as error:  # a symbol offset the assembler placed no label at
+            errors[number] = f"the link found no label for .text+{error.args[0]:#x}"
+            continue
+        except (ReassemblyError, elf.ElfError) as error:
+            errors[number] = str(error)
+            continue
+        target = Path(job.target)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(out)
+    return [Rebuilt(job.relpath, errors.get(number)) for number, job in enumerate(jobs)]

@@ -254,7 +254,9 @@ def test_one_write_task_proves_both_kinds_from_one_objdump_run(build_code_object
     monkeypatch.setattr(llvm, "run", lambda argv, *rest: runs.append(argv[0].rsplit("/", 1)[-1]) or run(argv, *rest))
     staging.mkdir()
     in_place, moved = write_and_prove.write_batch(llvm_tools, str(src), str(staging), ["plain.co"], expected, moves)
-    assert runs == ["llvm-objdump"]  # the target check comes once all are written (write_and_prove.check_targets)
+    # One llvm-mc run assembles the batch's re-assembled kernels, one llvm-objdump run proves both kinds; the target
+    # check comes once all are written (write_and_prove.check_targets).
+    assert runs == ["llvm-mc", "llvm-objdump"]
     assert len(in_place) == 1 and in_place[0][0] == "plain.co"
     assert "expected 'v_mov_b32_e32 v0, v2" in in_place[0][2]
     assert not (staging / "plain.co").exists()

@@ -54,6 +54,43 @@ def test_code_reading_the_pc_is_refused(build_code_object, llvm_tools, tmp_path)
     assert not (tmp_path / "out.co").exists()
 
 
+@pytest.mark.parametrize("nops", [1, 3, 1100], ids=["one", "three", "past-a-page"])
+def test_moved_code_is_laid_out_as_ld_lld_lays_it_out(build_code_object, llvm_tools, tmp_path, nops):
+    # The same kernel written with the nops in its source and linked by ld.lld is what the rebuild must produce:
+    # every section after .text, the program headers and the symbols follow the code as ld.lld moves them.
+    source = build_code_object(tmp_path / "loop.co", *LOOP)
+    padded = LOOP[:2] + ("s_nop 0",) * nops + LOOP[2:]
+    linked = build_code_object(tmp_path / "linked" / "loop.co", *padded)
+    result = round_trip(llvm_tools, source, tmp_path / "out.co", reassemble.Edit(1, "insert", ("s_nop 0",) * nops))
+    assert result.error is None
+    assert (tmp_path / "out.co").read_bytes() == linked.read_bytes()
+
+
+def test_a_kernel_llvm_mc_refuses_is_reported_alone_and_its_batch_mates_written(build_code_object, llvm_tools,
+                                                                                 tmp_path):
+    # One llvm-mc run assembles the batch; gfx90a has no int8 K=32 MFMA, so the middle kernel's edit fails there.
+    sources = [build_code_object(tmp_path / f"{name}.co", *LOOP) for name in ("first", "second", "third")]
+    refused = "v_mfma_i32_16x16x32_i8 v[0:3], v[4:5], v[6:7], v[0:3]"
+    jobs = [reassemble.Job(source.name, str(source), str(tmp_path / "out" / source.name), "gfx90a",
+                           edits=(reassemble.Edit(1, "insert", (refused,)),) if source.stem == "second" else ())
+            for source in sources]
+    results = reassemble.rebuild(llvm_tools, jobs)
+    assert [result.relpath for result in results] == ["first.co", "second.co", "third.co"]
+    assert results[0].error is None and results[2].error is None
+    assert results[1].error is not None and "llvm-mc" in results[1].error and refused in results[1].error
+    assert not (tmp_path / "out" / "second.co").exists()
+    for source in (sources[0], sources[2]):
+        assert (tmp_path / "out" / source.name).read_bytes() == source.read_bytes(), "batch-mates rebuilt as alone"
+
+
+def test_an_edit_the_link_would_have_to_resolve_is_refused(build_code_object, llvm_tools, tmp_path):
+    source = build_code_object(tmp_path / "loop.co", *LOOP)
+    result = round_trip(llvm_tools, source, tmp_path / "out.co",
+                        reassemble.Edit(1, "insert", ("s_mov_b32 s0, elsewhere@abs32@lo",)))
+    assert result.error == "the assembler left relocations in the code"
+    assert not (tmp_path / "out.co").exists()
+
+
 # --- whole trees ----------------------------------------------------------------------------------------------------
 
 def _round_trip_batch(root: str, out: str, relpaths: list[str]) -> list[tuple[str, str | None]]:
