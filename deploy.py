@@ -32,7 +32,7 @@ from operations.bench import BenchRecorder, benchmarked
 from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
-from operations.patches import patched_package, probe_files
+from operations.patches import patched_package, probe_files, transaction_finished
 from operations.preflight import (environment_claimed_by, environment_identity, fp8_configs_of, load_data_files,
                                   probe_announced, validate_inventory)
 from operations.report import RunRecorder
@@ -193,6 +193,16 @@ else:
         if status != UNCHANGED and writes:  # to apply, or refused: the operation fails the host with the reasons
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=state_dir)
+        # Patched already, but by a transaction killed before it dropped its journal: finish it (an apply would).
+        journalled = (probe["backups"].get(package) or {}).get("journal") and status == UNCHANGED
+        if journalled:
+            report.step(host.name, step, PLANNED, f"finish the transaction journalled in "
+                                                  f"{probe['backups'][package]['backup_dir']}")
+            env_changes.append(f"{step} journal")
+        if journalled and writes:
+            transaction_finished(name=f"{step}: an interrupted transaction is finished",
+                                 backup_dir=probe["backups"][package]["backup_dir"],
+                                 target_python=data.target_python, state_dir=state_dir)
 
     # 6b. Tuned MI210 block-FP8 configs (fp8_block_configs) into vLLM's config directory, written like patches.
     if fp8_configs and "vllm" in patch_sets:

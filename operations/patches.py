@@ -85,3 +85,25 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
     yield agent_command(target_python, state_dir, "txn", "apply", manifest_path)
     if plan.jit_invalidations:
         yield agent_command(target_python, state_dir, "jit", "--root", site_packages, *plan.jit_invalidations)
+
+
+@operation()
+def transaction_finished(backup_dir: str, target_python: str, state_dir: str):
+    """
+    Finish a patch transaction a killed command left journalled (``cdna2.host.txn recover``): its renames done, or
+    done now, and its journal dropped. An apply does this first too; this is for a package the plan finds patched
+    already, whose files were all renamed before the kill.
+
+    + backup_dir: the package's backup directory, holding ``journal.json``
+    + target_python, state_dir: run the host agent
+
+    **Example:**
+
+    .. code:: python
+
+        transaction_finished(name="patches vllm: an interrupted transaction is finished",
+                             backup_dir="/var/lib/cdna2/backups/vllm", target_python="/opt/venv/bin/python",
+                             state_dir="/var/lib/cdna2")
+    """
+    yield lease_command(target_python, state_dir)
+    yield agent_command(target_python, state_dir, "txn", "recover", "--backup-dir", backup_dir)

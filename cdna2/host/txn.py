@@ -358,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "revert":
             result = revert(args.backup_dir, args.root)
         else:
-            result = recover(args.backup_dir)
+            with _locked(args.backup_dir):  # the same lock an apply or revert holds (a shared environment's too)
+                result = recover(args.backup_dir)
     except TxnError as error:
         result = {"ok": False, "action": args.command, "error": str(error), "file": error.path}
     return finish(f"txn {args.command}", result, None if result["ok"] else result["error"])

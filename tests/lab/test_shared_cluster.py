@@ -13,13 +13,10 @@ scratch-labs/), stopped at the end.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import random
-import select
 import signal
-import struct
 import threading
 import time
 import uuid
@@ -140,14 +137,17 @@ class Killer(threading.Thread):
                     command = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
-                if all(part in command for part in self.marker) and self.ready(int(entry.name)):
-                    try:
-                        os.kill(int(entry.name), signal.SIGSTOP)  # frozen where it is, then killed there
-                        os.kill(int(entry.name), signal.SIGKILL)
-                        self.killed = int(entry.name)
-                    except ProcessLookupError:
+                if not all(part in command for part in self.marker):
+                    continue
+                try:
+                    if not self.ready(int(entry.name)):
                         continue
-                    return
+                    os.kill(int(entry.name), signal.SIGSTOP)  # frozen where it is, then killed there
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    self.killed = int(entry.name)
+                except ProcessLookupError:  # it ended before its point
+                    continue
+                return
             time.sleep(0.001)
 
 
@@ -161,53 +161,29 @@ def kernel_point(hsa: Path, seed: int):
     return ready, f"after {wanted} files unpacked"
 
 
-IN_MOVED_TO, IN_CREATE = 0x80, 0x100
-
-
-def wait_for_name(directory: Path, name: str, timeout_s: float = 60) -> bool:
-    """Block until ``name`` is created in (or renamed into) ``directory``, by inotify: polling would miss a
-    journal that lives for a millisecond. False at the timeout."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    descriptor = libc.inotify_init1(os.O_CLOEXEC)
-    try:
-        if libc.inotify_add_watch(descriptor, os.fsencode(directory), IN_MOVED_TO | IN_CREATE) < 0:
-            raise OSError(ctypes.get_errno(), f"inotify_add_watch {directory}")
-        if (directory / name).exists():
-            return True
-        deadline = time.monotonic() + timeout_s
-        while (left := deadline - time.monotonic()) > 0:
-            if not select.select([descriptor], [], [], left)[0]:
-                return False
-            events, offset = os.read(descriptor, 65536), 0
-            while offset < len(events):
-                _, _, _, length = struct.unpack_from("iIII", events, offset)
-                if events[offset + 16:offset + 16 + length].rstrip(b"\0") == name.encode():
-                    return True
-                offset += 16 + length
-        return False
-    finally:
-        os.close(descriptor)
-
-
 def patch_point(backups: Path, seed: int):
-    """Mid-patch, for even seeds: a seeded 0-1 ms after the first package's journal appears (its renames in flight,
-    or just done); for odd seeds, as soon as the transaction holds the environment's lock (before any rename)."""
-    delay = random.Random(seed).uniform(0, 0.001)
+    """Mid-patch. For even seeds, while the first package's journal exists (its renames in flight): the transaction
+    is stopped (SIGSTOP) at first sight and then run in slices of a seeded 50-150 us, and looked at between two
+    slices, when it cannot move, so the kill lands while the journal is there. For odd seeds, as soon as the
+    transaction holds the environment's lock (before any rename)."""
+    slice_s = random.Random(seed).uniform(0.00005, 0.00015)
     lock = backups.parent.parent / "lock"
+    journal = backups / "amd-aiter" / "journal.json"
 
     def ready(pid: int) -> bool:
         if seed % 2:
             return lock.is_dir()
-        package = backups / "amd-aiter"
-        while not package.is_dir():
-            time.sleep(0.0005)
-        if not wait_for_name(package, "journal.json"):
-            return False
-        started = time.perf_counter()
-        while time.perf_counter() - started < delay:
-            pass
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 120
+        while not journal.exists():
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGCONT)
+                return False
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(slice_s)
+            os.kill(pid, signal.SIGSTOP)
         return True
-    return ready, ("holding the lock" if seed % 2 else f"{delay * 1000:.2f} ms after the journal appeared")
+    return ready, ("holding the lock" if seed % 2 else f"with its journal there (slices of {slice_s * 1e6:.0f} us)")
 
 
 def assert_as_it_was_or_recoverable(shared_venv: Path, reference: dict, expected_kernels: str) -> list[str]:
