@@ -110,9 +110,10 @@ else:
         report.host(host.name).details["shared_environment"] = role_summary(
             WRITER if writes else CHECKER, writer or host.name, probe, identity)
     by_writer = f"written by {writer} (shared environment {probe['python']['prefix']})"
-    # What this run changes in the environment; a host that shares it and does not write it plans the same from
-    # the same files, issues none of it, and checks the writer's result instead.
-    env_changes = []
+    # What this run changes in the environment (step names; the patch plans with their site-packages apart): a host
+    # that shares it and does not write it plans the same from the same files, issues none of it, and checks the
+    # writer's result instead.
+    env_changes, changed_plans = [], []
     report.step(host.name, "probe", "ok", f"{arch} ({no_gpu_reason}), ROCm {probe['rocm']['version']}" if no_gpu_reason
                 else f"{arch}, ROCm {probe['rocm']['version']}")
 
@@ -189,7 +190,9 @@ else:
         report.host(host.name).notes.extend(f"{step}: {note}" for note in
                                             plan.notes + list(plan.declined.values()) + [f"audit: {finding}" for
                                                                                          finding in plan.audit])
-        env_changes += [(found["location"], plan)] if status != UNCHANGED else []
+        if status != UNCHANGED:
+            env_changes.append(step)
+            changed_plans.append((found["location"], plan))
         if status != UNCHANGED and writes:  # to apply, or refused: the operation fails the host with the reasons
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=state_dir)
@@ -210,7 +213,9 @@ else:
         plan = plan_configs(fp8_configs, files, (probe["backups"].get(CONFIGS_PLAN) or {}).get("files", {}))
         status = plan_step_status(plan.status)
         report.step(host.name, "fp8 configs", status, "; ".join(plan.reasons) or f"{len(fp8_configs)} files")
-        env_changes += [(probe["distributions"]["vllm"]["location"], plan)] if status != UNCHANGED else []
+        if status != UNCHANGED:
+            env_changes.append("fp8 configs")
+            changed_plans.append((probe["distributions"]["vllm"]["location"], plan))
         if status != UNCHANGED and writes:
             patched_package(name="fp8 configs: vLLM has the tuned MI210 block-FP8 configs", plan=plan,
                             site_packages=probe["distributions"]["vllm"]["location"],
@@ -224,11 +229,10 @@ else:
         if not writes:
             report.host(host.name).hand_over(by_writer)
             report.step(host.name, "shared environment", PLANNED, by_writer)
+            kernels_left = tree and {"hsa_root": probe["aiter"]["hsa_root"], "digest": tree.digest}
             environment_checked(name="shared environment: the writer's result is here", writer=writer,
-                                expectation=checker_expectation(
-                                    (probe["python"]["identity"] or {}).get("id"), writer, RUN, tree and {"hsa_root": probe["aiter"]["hsa_root"],
-                                                                     "digest": tree.digest},
-                                    [change for change in env_changes if isinstance(change, tuple)]),
+                                expectation=checker_expectation((probe["python"]["identity"] or {}).get("id"), writer,
+                                                                RUN, kernels_left, changed_plans),
                                 prefix=probe["python"]["prefix"], target_python=data.target_python,
                                 state_dir=state_dir)
 

@@ -95,7 +95,8 @@ def agent_installed(bundle: AgentBundle, state_dir: str, installed_digest: str |
         # The same agent in place already (another controller's, just installed): keep it.
         "[", "-d", QuoteString(target), "]", "&&", "diff", "-rq", "-x", "__pycache__", QuoteString(staging),
         QuoteString(target), ">/dev/null", "&&", "rm", "-rf", QuoteString(staging), "||", "{",
-        "{", "[", "!", "-e", QuoteString(target), "]", "||", "mv", "-T", QuoteString(target), QuoteString(old), ";", "}",
+        "{", "[", "!", "-e", QuoteString(target), "]", "||", "mv", "-T", QuoteString(target), QuoteString(old), ";",
+        "}",
         # mv -T onto a directory another installer put there meanwhile fails: theirs stays.
         "&&", "{", "mv", "-T", QuoteString(staging), QuoteString(target), "||", "rm", "-rf", QuoteString(staging), ";",
         "}", "&&", "rm", "-rf", QuoteString(old), ";", "}", ";", "}",

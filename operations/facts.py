@@ -73,10 +73,10 @@ def host_probe(host: Host, state_dir: str | None, **options: Any) -> dict[str, A
     """``host.get_fact(HostProbe, **options)``, through sudo when the host's data asks for it (``_sudo``,
     ``_sudo_user``): the probe runs sudo itself, so that a refusal is reported in the probe, not prompted for.
 
-    ``state_dir``: host data's (with ``shared_environment``, the probe takes the environment's own instead; None: the
-    login's default, which the probe finds on the host and reports as
+    ``state_dir``: host data's (None: the login's default, which the probe finds on the host and reports as
     ``probe["state_dir"]["path"]``; the installed agent's probe is used where the controller can tell the path
-    beforehand, see cdna2.login.expected_state_dir)."""
+    beforehand, see cdna2.login.expected_state_dir). With host data ``shared_environment`` the probe takes the
+    environment's own state directory instead."""
     sudo = bool(host.data.get("_sudo"))
     expected = expected_state_dir(state_dir, host.data.get("ssh_user"), sudo, remembered_state_dir(host.name))
     return host.get_fact(HostProbe, sudo=sudo, sudo_user=host.data.get("_sudo_user"), _sudo=False,

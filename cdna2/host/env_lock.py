@@ -278,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, help="hold: the shared environment's state directory")
     parser.add_argument("--id")
     parser.add_argument("--run", help="claim: the controller run that writes the environment now")
-    parser.add_argument("--expect", help="JSON: identity, writer, run, kernels {hsa_root, digest}, files {path: sha256}")
+    parser.add_argument("--expect", help="JSON: identity, writer, run, kernels {hsa_root, digest}, "
+                                         "files {path: sha256}")
     argv = sys.argv[1:] if argv is None else argv
     # hold's command follows "--", options and all.
     argv, command = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])

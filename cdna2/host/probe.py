@@ -77,11 +77,11 @@ def read_agent(agent_dir: str | None) -> dict:
 
 def probe(options: dict) -> dict:
     """Options: target_python, rocm_root, state_dir (None: this login's default_state_dir; the agent is read from
-    its agent/), shared_environment (the state directory is the environment's own, cdna2/host/shared_env.py); optional kfd_topology, pci_devices, patch_files
-    {package: [paths]}, known_contents [hashes the controller holds the bytes of], record_memo {package: {stat,
-    facts}} (the ``record_facts`` of the last probe of this host, reused while the RECORD's stat is the same),
-    record_check [packages] (compare those distributions' files with their RECORD: reads every file, and the kernel
-    tree too, whatever any stat says)."""
+    its agent/), shared_environment (the state directory is the environment's own, cdna2/host/shared_env.py);
+    optional kfd_topology, pci_devices, patch_files {package: [paths]}, known_contents [hashes the controller holds
+    the bytes of], record_memo {package: {stat, facts}} (the ``record_facts`` of the last probe of this host,
+    reused while the RECORD's stat is the same), record_check [packages] (compare those distributions' files with
+    their RECORD: reads every file, and the kernel tree too, whatever any stat says)."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}

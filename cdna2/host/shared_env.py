@@ -16,10 +16,10 @@ Layout, inside the environment (``<prefix>/.cdna2/``):
 - ``lock/``: held while a command changes the environment. ``mkdir`` is the primitive, not ``flock``: Lustre gives
   ``flock`` only when mounted with ``-o flock`` (node-local with ``-o localflock``, ENOSYS without either) and NFS
   emulates it with byte-range locks that depend on lockd or v4 leases; ``mkdir`` is atomic on every one of them.
-  The holder writes ``owner.json`` into it and touches it every ``HEARTBEAT_S`` (env_lock.py) from a thread. A waiter takes over
-  a lock whose holder is gone: on its own node, when the holder's process has ended; from another node, when the
-  owner file's mtime has not changed for ``STALE_S`` of the waiter's own clock (values are compared, never clocks,
-  so the nodes' clock skew does not matter).
+  The holder writes ``owner.json`` into it and touches it every ``HEARTBEAT_S`` (env_lock.py) from a thread. A
+  waiter takes over a lock whose holder is gone: on its own node, when the holder's process has ended; from
+  another node, when the owner file's mtime has not changed for ``STALE_S`` of the waiter's own clock (values are
+  compared, never clocks, so the nodes' clock skew does not matter).
 """
 
 from __future__ import annotations
