@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from cdna2.bench import load_cases
-from cdna2.bench_report import BenchReport
+from cdna2.reports.bench import BenchReport
 
 CASES = load_cases()["cases"]
 

@@ -12,6 +12,7 @@ import json
 import math
 import statistics
 import struct
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ class BenchReport:
             results = self.results(case["name"])
             measured = {host: result for host, result in results.items() if result["status"] == OK}
             row: dict[str, Any] = {"case": case["name"], "hosts": len(measured), "mi210": case.get("mi210"),
-                                   "statuses": _count(result["status"] for result in results.values())}
+                                   "statuses": dict(Counter(result["status"] for result in results.values()))}
             if measured:
                 worst = min(measured, key=lambda host: (measured[host]["speedup"], host))
                 row.update(unit=next(iter(measured.values()))["unit"],
@@ -108,7 +109,7 @@ class BenchReport:
                 if entry["elapsed_s"] is not None and entry["elapsed_s"] > self.budget_seconds]
 
     def headline(self) -> str:
-        counts = _count(entry["status"] for entry in self.hosts.values())
+        counts = Counter(entry["status"] for entry in self.hosts.values())
         parts = [f"{counts.get(status, 0)} {status}" for status in ("benchmarked", SKIPPED, "failed")]
         return f"{len(self.hosts)} host{'' if len(self.hosts) == 1 else 's'}: {', '.join(parts)}"
 
@@ -242,13 +243,6 @@ class BenchReport:
                            ("bench-latest.json", json_text), ("bench-latest.md", markdown)):
             write_file_atomically(directory / name, text.encode("utf-8"))
         return directory / f"{stem}.json", directory / f"{stem}.md"
-
-
-def _count(statuses) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for status in statuses:
-        counts[status] = counts.get(status, 0) + 1
-    return counts
 
 
 def _reference(mi210: dict | None) -> str:
