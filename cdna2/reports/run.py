@@ -259,9 +259,11 @@ class RunReport:
                                                   for names, hosts in group_hosts((host, names) for host, names
                                                                                   in by_host.items()))
                       for reason, by_host in skipped.items()]
-        # Hosts with the same outcome and the same detail (a cold deploy of identical nodes) share one entry.
-        detailed = group_hosts((row.host, (self.outcome(row), tuple(entries)))
-                               for row in rows if (entries := _host_detail(row)))
+        # Hosts with the same outcome and the same detail (a cold deploy of identical nodes) share one entry; the
+        # failed ones first.
+        detailed = sorted(group_hosts((row.host, (self.outcome(row), tuple(entries)))
+                                      for row in rows if (entries := _host_detail(row))),
+                          key=lambda group: group[0][0] != FAILED)
         if detailed:
             lines += ["", "## Hosts where something happened or failed"]
             for (outcome, entries), hosts in detailed:
