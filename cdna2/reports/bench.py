@@ -1,9 +1,10 @@
 """The bench report: a cluster summary per case, the hosts that differ named (slow, wrong, broken, not run), a
 picture, and per host the figures and speedups.
 
-Written as ``bench-<time>.md``, ``bench-<time>-hosts.md`` (every host's table), ``bench-<time>.json`` and
-``bench-<time>-speedup.png`` (plus ``bench-latest.md``, ``-hosts.md`` and ``.json``) under the report directory,
-each atomically. The picture is drawn by matplotlib (pinned in requirements.txt): per case, the distribution of the
+Written as ``bench-figures-<time>.md``, ``-hosts.md`` (every host's table), ``.json`` and ``-speedup.png`` (plus
+``bench-latest.md``, ``-hosts.md`` and ``.json``) under the report directory, each atomically: not
+``bench-<time>``, which is the run report of the same bench.py run (cdna2/reports/run.py), written in the same
+second. The picture is drawn by matplotlib (pinned in requirements.txt): per case, the distribution of the
 hosts' speedups over the fallback, the outliers named, the fleet median and the MI210 reference.
 """
 
@@ -274,10 +275,10 @@ class BenchReport:
         return data, width, height
 
     def write(self, directory: Path) -> tuple[Path, Path]:
-        """Write ``bench-<time>.json``, ``.md``, ``-hosts.md`` (every host's figures), ``-speedup.png`` and
+        """Write ``bench-figures-<time>.json``, ``.md``, ``-hosts.md`` (every host's figures), ``-speedup.png`` and
         ``bench-latest.json``/``.md``/``-hosts.md``, each atomically."""
         directory.mkdir(parents=True, exist_ok=True)
-        stem = f"bench-{self.started.strftime('%Y%m%dT%H%M%SZ')}"
+        stem = f"bench-figures-{self.started.strftime('%Y%m%dT%H%M%SZ')}"
         drawn = self.picture()
         picture = None
         if drawn:

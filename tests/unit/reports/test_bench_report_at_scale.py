@@ -113,3 +113,17 @@ def test_the_json_keeps_every_node_and_the_picture_names_the_outliers(tmp_path: 
         assert labels == {host for host, slow_case in kinds["slow"].items() if slow_case == case}, case
     titles = {ax.get_title().partition(":")[0]: ax.get_title() for ax in figure.axes}
     assert titles[CASES[0]["name"]] == f"{CASES[0]['name']}: 975 hosts; 2 failed, 19 skipped, 4 WRONG"
+
+
+def test_the_bench_report_and_the_run_report_of_the_same_run_keep_their_own_files(tmp_path: Path) -> None:
+    from cdna2.reports.run import RunReport
+
+    bench, _ = fleet(3, differing=False)
+    run = RunReport(mode="bench", inventory="inventory/slurm.py", started=bench.started)
+    for host in bench.hosts:
+        run.step(host, "bench", "ok")
+    bench_paths, run_paths = bench.write(tmp_path), run.write(tmp_path)
+    assert not set(bench_paths) & set(run_paths)
+    assert bench_paths[1].read_text().startswith("# bench report") and "## Cluster summary" in bench_paths[1].read_text()
+    assert run_paths[1].read_text().startswith("# bench report") and "| bench |" in run_paths[1].read_text()
+    assert json.loads(bench_paths[0].read_text())["picture"]["path"].startswith("bench-figures-")
