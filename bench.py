@@ -17,7 +17,7 @@ from pyinfra.operations import python
 
 from cdna2.bench import host_cases, load_cases, skip_reason
 from cdna2.plan import hidden_gpu_refusal, target_env_error, with_data_arch
-from cdna2.report import FAILED, summarise_probe
+from cdna2.reports.run import FAILED, summarise_probe
 from operations.agent import agent_installed, current_agent_bundle
 from operations.bench import BenchRecorder, benchmarked
 from operations.facts import host_probe

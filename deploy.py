@@ -24,7 +24,7 @@ from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal
                         disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
                         target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
-from cdna2.report import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
+from cdna2.reports.run import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.shared_environments import CHECKER, WRITER, checker_expectation, role_summary, shared_environment_refusal
 from cdna2.wheels import WheelPlanError
 from operations.agent import RUN, agent_installed, current_agent_bundle

@@ -16,7 +16,7 @@ from pyinfra import host, inventory, state
 from cdna2.host.probe import SHARED_SOURCE
 from cdna2.login import write_access_refusal
 from cdna2.plan import sudo_refusal, target_env_error, with_data_arch
-from cdna2.report import FAILED, PLANNED, UNCHANGED, summarise_probe
+from cdna2.reports.run import FAILED, PLANNED, UNCHANGED, summarise_probe
 from cdna2.rollback import RollbackPlan, plan_rollback
 from cdna2.shared_environments import shared_environment_refusal
 from cdna2.translated import load_adaptations

@@ -19,7 +19,7 @@ from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import develop_checkout, hidden_gpu_refusal, sudo_refusal, with_data_arch
-from cdna2.report import FAILED, summarise_probe
+from cdna2.reports.run import FAILED, summarise_probe
 from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.patches import probe_files

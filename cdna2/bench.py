@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from cdna2.bench_report import BenchReport
+from cdna2.reports.bench import BenchReport
 from cdna2.host import state as host_state
 from cdna2.host.gpus import KFD_TOPOLOGY, read_gpus
 from cdna2.plan import hidden_gpu_refusal

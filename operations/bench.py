@@ -13,9 +13,9 @@ from pyinfra.api.state import State
 from typing_extensions import override
 
 from cdna2.bench import host_command, parse_host_output
-from cdna2.bench_report import BenchReport
+from cdna2.reports.bench import BenchReport
 from cdna2.host.bench import PROBLEMS
-from cdna2.report import FAILED, PLANNED, SKIPPED, RunReport
+from cdna2.reports.run import FAILED, PLANNED, SKIPPED, RunReport
 from operations.agent import agent_command
 from operations.report import inventory_argument, report_dir
 from operations.util import fail_host_command

@@ -19,7 +19,7 @@ from pyinfra.api.state import State, StateStage
 from pyinfra.connectors.docker import DockerConnector
 
 from cdna2.containers import Engine, EngineError, decide, settle_image, short
-from cdna2.report import CHANGED, FAILED, SKIPPED, UNCHANGED, HostRow, StepResult
+from cdna2.reports.run import CHANGED, FAILED, SKIPPED, UNCHANGED, HostRow, StepResult
 
 COMMITTED_LINE = re.compile(r"build complete, image ID: (?:\x1b\[[0-9;]*m)*([0-9a-f]{12})")
 STEP = "image"

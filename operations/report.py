@@ -14,7 +14,7 @@ from pathlib import Path
 from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback, State, StateStage
 
-from cdna2.report import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
+from cdna2.reports.run import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
 from operations.images import CommittedImages, settle_image_target
 
 # Where reports go: reports/ under the directory pyinfra runs in, unless CDNA2_REPORT_DIR says otherwise.
@@ -106,5 +106,6 @@ class RunRecorder(BaseStateCallback):
             if row.status != FAILED:
                 row.errors.append("failed (see the pyinfra output above)")
         json_path, markdown_path = self.report.write(report_dir())
-        print("\n" + self.report.to_markdown(), file=sys.stderr)
-        logger.info(f"--> Report written to {markdown_path} and {json_path}")
+        print("\n" + markdown_path.read_text(), file=sys.stderr)
+        logger.info(f"--> Report written to {markdown_path} and {json_path} (every host, one row each: "
+                    f"{markdown_path.with_name(markdown_path.stem + '-hosts.md')})")

@@ -6,7 +6,7 @@ from pyinfra import host, state
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from cdna2.drift import checkout_changes
-from cdna2.report import FAILED, RunReport
+from cdna2.reports.run import FAILED, RunReport
 from cdna2.rollback import RollbackPlan
 from cdna2.wheels import PipAction
 from operations.agent import agent_command, lease_command

@@ -9,7 +9,7 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import operation
 
-from cdna2.report import FAILED, RunReport
+from cdna2.reports.run import FAILED, RunReport
 from cdna2.smoke_proof import proof_key, recorded_proof
 from operations.agent import agent_command
 from operations.facts import SmokeResult

@@ -16,7 +16,7 @@ from cdna2.archive import tree_archive
 from cdna2.host.state import HostLockedError, host_lock, read_state, update_state
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, disk_space_problem, hidden_gpu_refusal,
                         kernels_decision, target_env_error, upload_space_problem)
-from cdna2.report import CHANGED, FAILED, SKIPPED, UNCHANGED, RunReport, summarise_probe
+from cdna2.reports.run import CHANGED, FAILED, SKIPPED, UNCHANGED, RunReport, summarise_probe
 from cdna2.rollback import plan_rollback
 from lab.kinds import plan_hosts
 
@@ -109,10 +109,13 @@ def test_report_rows_json_and_markdown(tmp_path: Path) -> None:
     markdown = markdown_path.read_text()
     assert "| mi210-a | ok | gfx90a | 6.4.3 | B | changed | 1 |" in markdown
     assert "- B (2 hosts): amd-aiter 0.1.7.post2.dev18, torch -, triton 3.7.0, vllm -" in markdown
-    assert "\n- GPU arch gfx942 | MI300X: mi300x-c (kernels)\n" in markdown, "skip reasons are grouped, by host"
+    assert "\n- GPU arch gfx942 | MI300X: kernels on mi300x-c\n" in markdown, "skip reasons are grouped, by host"
     assert "| mi300x-c | ok | gfx942 | 6.4.3 | B | skipped | 0 |" in markdown
     assert "- kernels changed: 112 kernels" in markdown
     assert (tmp_path / "latest.md").read_text() == markdown
+    hosts_file = markdown_path.with_name(markdown_path.stem + "-hosts.md")
+    assert f"- every host, one row each: {hosts_file.name}\n" in markdown
+    assert hosts_file.read_text() == (tmp_path / "latest-hosts.md").read_text() == report.to_markdown(per_host=True)
 
 
 def _cluster_report(mode: str = "deploy", noop: bool = False) -> RunReport:
@@ -145,29 +148,47 @@ def test_a_16_host_report_fits_one_screen_and_starts_with_the_cluster_summary() 
     markdown = report.to_markdown()
     lines = markdown.splitlines()
     assert lines[2] == "**16 hosts: 10 gfx90a provisioned, 5 left alone (gfx942), 1 failed**"
+    assert lines[4:8] == ["- status: 15 ok, 1 failed", "- role: 16 own environment", "- wheels: 15 changed, 1 not run",
+                          "- kernels, patches amd-aiter, patches vllm, fp8 configs, smoke: 10 changed, 5 skipped, "
+                          "1 not run"]
+    # One row per kind of host: the lab's two gfx90a kinds, the failing host, the gfx942 kind.
     table = [line for line in lines if line.startswith("|")]
-    assert len(table) == 2 + 16
-    assert max(len(line) for line in table) <= 120, max(table, key=len)
-    assert "| mi210-g | failed | gfx90a | 6.4.3 | C | - | - | - | - | - | - | 0 |" in table
+    assert table[2:] == [
+        "| mi210-a,mi210-d,mi210-j,mi210-m,mi210-p (5) | ok | gfx90a | 6.4.3 | A | changed | changed | changed | "
+        "changed | changed | changed | 2 |",
+        "| mi210-b,mi210-e,mi210-h,mi210-k,mi210-n (5) | ok | gfx90a | 7.14.0 | B | changed | changed | changed | "
+        "changed | changed | changed | 2 |",
+        "| mi210-g | failed | gfx90a | 6.4.3 | C | - | - | - | - | - | - | 0 |",
+        "| mi300x-c,mi300x-f,mi300x-i,mi300x-l,mi300x-o (5) | ok | gfx942 | 7.14.0 | D | changed | skipped | skipped | "
+        "skipped | skipped | skipped | 2 |"]
+    per_host = [line for line in report.to_markdown(per_host=True).splitlines() if line.startswith("|")]
+    assert len(per_host) == 2 + 16
+    assert max(len(line) for line in per_host) <= 120, max(per_host, key=len)
     assert "| mi300x-c | ok | gfx942 | 7.14.0 | D | changed | skipped | skipped | skipped | skipped | skipped | 2 |" \
-        in table
+        in per_host
     # The left-alone reason once, for all five hosts; the failure under its host.
     assert markdown.count("AITER has native kernels for it") == 1
-    assert "mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (kernels, patches amd-aiter, patches vllm, fp8 configs, " \
-        "smoke)" in markdown
+    assert "kernels, patches amd-aiter, patches vllm, fp8 configs, smoke on mi300x-c,mi300x-f,mi300x-i,mi300x-l," \
+        "mi300x-o (5)\n" in markdown
     assert "### mi210-g: failed\n\n- preflight failed: ROCm 6.1.0 is not in the wheel matrix" in markdown
-    assert "### mi300x-c, mi300x-f, mi300x-i, mi300x-l, mi300x-o (5 hosts): left alone\n\n- wheels changed" in markdown
+    assert "### mi300x-c,mi300x-f,mi300x-i,mi300x-l,mi300x-o (5): left alone\n\n- wheels changed" in markdown
+    # The ten provisioned hosts by the six they leave out, the shorter list.
+    assert "### all but mi210-g,mi300x-c,mi300x-f,mi300x-i,mi300x-l,mi300x-o (10): provisioned\n" in markdown
     summary = report.to_json()["summary"]
+    step_counts = {"changed": 10, "skipped": 5, "not run": 1}
     assert summary == {"hosts": 16, "failed": 1, "text": lines[2].strip("*"), "outcomes": {
-        "provisioned": {"gfx90a": 10}, "left alone": {"gfx942": 5}, "failed": {"gfx90a": 1}}}
+        "provisioned": {"gfx90a": 10}, "left alone": {"gfx942": 5}, "failed": {"gfx90a": 1}},
+        "statuses": {"ok": 15, "failed": 1}, "roles": {"own environment": 16}, "transport": None,
+        "steps": {"wheels": {"changed": 15, "not run": 1}, **dict.fromkeys(
+            ["kernels", "patches amd-aiter", "patches vllm", "fp8 configs", "smoke"], step_counts)}}
 
 
 def test_a_no_op_report_has_detail_only_for_what_failed() -> None:
     markdown = _cluster_report(noop=True).to_markdown()
     details = markdown.partition("## Hosts where something happened or failed")[2]
     assert details.count("### ") == 1 and "### mi210-g: failed" in details, details
-    assert "| mi210-a | ok | gfx90a | 6.4.3 | A | unchanged | unchanged | unchanged | unchanged | unchanged | unchanged " \
-        "| 0 |" in markdown
+    assert "| mi210-a,mi210-d,mi210-j,mi210-m,mi210-p (5) | ok | gfx90a | 6.4.3 | A | unchanged | unchanged | " \
+        "unchanged | unchanged | unchanged | unchanged | 0 |" in markdown
 
 
 def test_summary_words_follow_the_mode_and_the_dry_run() -> None:

@@ -174,4 +174,4 @@ def test_python_m_cdna2_bench_on_this_machine_writes_the_report_with_its_picture
     [entry] = report["hosts"]
     assert entry["host"] == "this-mi210" and [case["status"] for case in entry["cases"]] == ["ok", "wrong"]
     assert report["picture"] and (tmp_path / "reports" / report["picture"]["path"]).stat().st_size > 0
-    assert f"![per-case speedup by host]({report['picture']['path']})" in completed.stderr
+    assert f"![per-case speedup over the hosts]({report['picture']['path']})" in completed.stderr

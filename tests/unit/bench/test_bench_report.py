@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from cdna2.bench import load_cases
-from cdna2.bench_report import BenchReport
+from cdna2.reports.bench import BenchReport
 
 CASES = load_cases()["cases"]
 
@@ -67,7 +67,8 @@ def test_a_host_14_percent_below_is_not_named() -> None:
 def test_wrong_results_and_skips_are_named_per_host() -> None:
     markdown = fleet().to_markdown(None)
     assert "- mi210-11 prefill_4x1024: wrong: WRONG: prefill differs from the reference" in markdown
-    assert "| prefill_4x1024 | WRONG | - | - | - | - |" in markdown
+    assert "| prefill_4x1024 | WRONG | - | - | - | - |" in fleet().to_markdown(None, per_host=True)
+    assert "| prefill_4x1024 | WRONG |" not in markdown, "hosts' own tables are in the per-host file"
     assert ("Skipped: " + ", ".join(case["name"] for case in CASES) +
             ": not a gfx90a host (the probe saw gfx942)") in markdown
     assert "**17 hosts: 15 benchmarked, 1 skipped, 1 failed**" in markdown
@@ -79,14 +80,17 @@ def test_the_picture_for_16_hosts_is_written_linked_and_of_the_size_it_says(tmp_
     written = json.loads(json_path.read_text())
     picture = written["picture"]
     assert picture["path"].endswith("-speedup.png")
-    assert f"![per-case speedup by host]({picture['path']})" in markdown_path.read_text()
+    assert f"![per-case speedup over the hosts]({picture['path']})" in markdown_path.read_text()
     with Image.open(tmp_path / picture["path"]) as image:
         image.load()
         assert image.format == "PNG"
         assert image.size == (picture["width"], picture["height"])
-    # 2 panels across of 6 in at 100 dpi; a row of panels per 2 cases, each 1.3 in + 0.24 in per host (17 hosts)
-    assert (picture["width"], picture["height"]) == (1200, round(len(CASES) // 2 * (1.3 + 0.24 * 17) * 100))
+    # 2 panels across of 6 in at 100 dpi; a row of panels 2.6 in high per 2 cases, whatever the number of hosts
+    assert (picture["width"], picture["height"]) == (1200, round(len(CASES) // 2 * 2.6 * 100))
     assert (tmp_path / "bench-latest.md").read_text() == markdown_path.read_text()
+    per_host = (tmp_path / "bench-latest-hosts.md").read_text()
+    assert f"Every host's figures, one table each: {json_path.stem}-hosts.md" in markdown_path.read_text()
+    assert per_host.count("\n### mi210-") == 16 and "| decode_128x1024 | ok | 1.287 ms (spread 0%) | 1.700 ms (spread 0%) | 1.32x |" in per_host
     assert written["outliers"][0]["host"] == "mi210-07"
 
 

@@ -11,8 +11,8 @@ from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
 from cdna2.bench import deploy_skip_reason, load_cases
-from cdna2.bench_report import BenchReport
-from cdna2.report import RunReport
+from cdna2.reports.bench import BenchReport
+from cdna2.reports.run import RunReport
 from operations import bench
 
 BENCH_COMMAND = "cdna2.host.bench --site-packages"

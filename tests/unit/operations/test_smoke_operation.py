@@ -16,7 +16,7 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
-from cdna2.report import RunReport
+from cdna2.reports.run import RunReport
 from operations import smoke
 from operations.facts import SmokeResult
 from lab import wheelhouse

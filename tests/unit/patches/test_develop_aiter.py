@@ -28,7 +28,7 @@ from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
 from lab.aiter_git import aiter_git_dir
 from cdna2.plan import FAIL, PROCEED, develop_checkout, kernels_decision, target_env_error
-from cdna2.report import HostRow, summarise_probe
+from cdna2.reports.run import HostRow, summarise_probe
 from cdna2.translated import KernelSourceError, ensure_source
 from tests.unit.test_probe import PROBE_ARGV
 

@@ -1,4 +1,6 @@
-"""The cluster report: one row per host, written as JSON and as a Markdown table at the end of every run.
+"""The cluster report of every run: each host's row in the JSON; in Markdown, the counts and one row per kind of
+host (the hosts that report the same thing, named as a Slurm host list), so that 1,000 nodes that agree read as
+briefly as 1, and every node that differs from the majority is named. A second Markdown file has one row per host.
 
 The deploy fills it from each host's probe and from what each step decided or did; this module only collects and
 renders, so the same report comes out of a deploy, a dry run, a verify or a rollback.
@@ -7,6 +9,7 @@ renders, so the same report comes out of a deploy, a dry run, a verify or a roll
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,6 +17,7 @@ from typing import Any, Iterable
 
 from cdna2.host.state import write_file_atomically
 from cdna2.plan import RECORDED_PACKAGES, installed_versions
+from cdna2.reports.groups import counted, group_hosts, hosts_label
 
 REPORT_FORMAT = 2
 
@@ -103,6 +107,8 @@ class RunReport:
         self.inventory = inventory
         self.started = started or datetime.now(timezone.utc)
         self.rows: dict[str, HostRow] = {}
+        # How the hosts were reached and what it took (``slurm: 3 job steps``), set by the transport that knows it.
+        self.transport: str | None = None
 
     def host(self, name: str) -> HostRow:
         return self.rows.setdefault(name, HostRow(host=name))
@@ -124,7 +130,8 @@ class RunReport:
 
     def summary(self) -> dict[str, Any]:
         """Hosts counted by outcome and GPU arch, and the one line that says it: ``16 hosts: 11 gfx90a
-        provisioned, 5 left alone (gfx942), 0 failed``."""
+        provisioned, 5 left alone (gfx942), 0 failed``; by status, by role in a shared environment and per step by
+        the step's status; the transport's line."""
         counts: dict[str, dict[str, int]] = {}
         for row in self.sorted_rows():
             by_arch = counts.setdefault(self.outcome(row), {})
@@ -137,8 +144,20 @@ class RunReport:
                 parts.append(f"{_counted(by_arch, True)} {outcome}")
         failed = sum(counts.get(FAILED, {}).values())
         parts.append(f"{failed} failed")
+        rows = self.sorted_rows()
         return {"hosts": len(self.rows), "failed": failed, "outcomes": counts,
-                "text": f"{len(self.rows)} host{'' if len(self.rows) == 1 else 's'}: {', '.join(parts)}"}
+                "text": f"{len(self.rows)} host{'' if len(self.rows) == 1 else 's'}: {', '.join(parts)}",
+                "statuses": dict(Counter(row.status for row in rows)),
+                "roles": dict(Counter((row.details.get("shared_environment") or {}).get("role", OWN_ENVIRONMENT)
+                                      for row in rows)),
+                "steps": {name: dict(Counter(row.steps[name].status if name in row.steps else NOT_RUN
+                                             for row in rows)) for name in self.step_names()},
+                "transport": self.transport}
+
+    def step_names(self) -> list[str]:
+        """The steps of the report's columns (not the prechecks every host passes), in the deploy's order."""
+        return sorted({step for row in self.rows.values() for step in row.steps if step not in PRECHECK_STEPS},
+                      key=lambda name: STEP_ORDER.index(name) if name in STEP_ORDER else len(STEP_ORDER))
 
     def package_sets(self) -> dict[str, list[str]]:
         """Each distinct set of package versions (a row's ``packages``, planned changes included), by table label."""
@@ -180,30 +199,43 @@ class RunReport:
             "shared_environments": self.shared_environments(),
         }
 
-    def to_markdown(self) -> str:
-        """The cluster on one screen: the summary line, one short row per host (at most 120 columns for a cluster
-        of short host names), then only what a reader must act on or may want to know, host by host."""
+    def to_markdown(self, per_host: bool = False, hosts_file: str | None = None) -> str:
+        """The cluster on one screen at any size: the summary line and the counts, one short row per kind of host
+        (hosts whose every column agrees; the majority first), then only what a reader must act on or may want to
+        know, each group of hosts named once. ``per_host``: one row per host instead; ``hosts_file``: the file that
+        has them, named in the summary."""
         rows = self.sorted_rows()
-        step_names = sorted({step for row in rows for step in row.steps if step not in PRECHECK_STEPS},
-                            key=lambda name: STEP_ORDER.index(name) if name in STEP_ORDER else len(STEP_ORDER))
+        everyone = [row.host for row in rows]
+        step_names = self.step_names()
         package_sets = self.package_sets()
         labels = {host: label for label, (_, *hosts) in package_sets.items() for host in hosts}
-        header = ["host", "status", "arch", "ROCm", "packages", *(SHORT_STEP_NAMES.get(n, n) for n in step_names),
+        summary = self.summary()
+        steps_by_counts: dict[str, list[str]] = {}  # steps with the same counts on one line, in the deploy's order
+        for name, statuses in summary["steps"].items():
+            steps_by_counts.setdefault(counted(statuses), []).append(name)
+        header = ["hosts", "status", "arch", "ROCm", "packages", *(SHORT_STEP_NAMES.get(n, n) for n in step_names),
                   "changes"]
         lines = [
             f"# {self.mode} report{'' if self.executed else ' (dry run: nothing executed)'}: {self.inventory}, "
             f"{self.started.isoformat(timespec='seconds')}",
             "",
-            f"**{self.summary()['text']}**",
+            f"**{summary['text']}**",
+            "",
+            f"- status: {counted(summary['statuses'])}",
+            f"- role: {counted(summary['roles'])}",
+            *(f"- {', '.join(names)}: {counts}" for counts, names in steps_by_counts.items()),
+            *([f"- transport: {self.transport}"] if self.transport else []),
+            *([f"- every host, one row each: {hosts_file}"] if hosts_file else []),
             "",
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
         ]
-        for row in rows:
-            cells = [row.host, row.status, _short_arch(row.arch), row.rocm or "?", labels[row.host],
-                     *(row.steps[name].status if name in row.steps else "-" for name in step_names),
-                     str(len(row.changes))]
-            lines.append("| " + " | ".join(_escape(cell) for cell in cells) + " |")
+        keyed = [(row.host, (row.status, _short_arch(row.arch), row.rocm or "?", labels[row.host],
+                             *(row.steps[name].status if name in row.steps else "-" for name in step_names),
+                             str(len(row.changes)))) for row in rows]
+        groups = [(cells, [host]) for host, cells in keyed] if per_host else group_hosts(keyed)
+        for cells, hosts in groups:
+            lines.append("| " + " | ".join(_escape(cell) for cell in (hosts_label(hosts, everyone), *cells)) + " |")
         lines += ["", "## Package sets", ""]
         lines += [f"- {label} ({len(hosts)} host{'' if len(hosts) == 1 else 's'}): {line}"
                   for label, (line, *hosts) in package_sets.items()]
@@ -212,37 +244,42 @@ class RunReport:
             lines += [f"- {env['prefix']} (identity {env['identity'][:12]}): written by {env['writer']}, verified on "
                       f"{len(env['verified_by'])} of its {len(env['hosts'])} hosts"
                       + ("" if len(env["verified_by"]) == len(env["hosts"]) else
-                         f" (not: {', '.join(sorted(set(env['hosts']) - set(env['verified_by'])))})")
+                         f" (not: {hosts_label(sorted(set(env['hosts']) - set(env['verified_by'])), everyone)})")
                       for env in shared]
         # A reason that leaves steps of many hosts skipped (a gfx942 host left alone) is written once, with its hosts.
-        skipped: dict[str, list[str]] = {}
+        skipped: dict[str, dict[str, tuple[str, ...]]] = {}
         for row in rows:
             for name, step in row.steps.items():
                 if step.status == SKIPPED:
-                    skipped.setdefault(step.detail or "no reason given", []).append(f"{row.host} {name}")
+                    by_host = skipped.setdefault(step.detail or "no reason given", {})
+                    by_host[row.host] = (*by_host.get(row.host, ()), name)
         if skipped:
             lines += ["", "## Skipped", ""]
-            lines += [f"- {reason}: {_hosts_and_steps(entries)}" for reason, entries in skipped.items()]
-        # Hosts with the same outcome and the same detail (a cold deploy of identical nodes) share one entry.
-        detailed: dict[tuple[str, tuple[str, ...]], list[str]] = {}
-        for row in rows:
-            if entries := _host_detail(row):
-                detailed.setdefault((self.outcome(row), tuple(entries)), []).append(row.host)
+            lines += [f"- {reason}: " + "; ".join(f"{', '.join(names)} on {hosts_label(hosts, everyone)}"
+                                                  for names, hosts in group_hosts((host, names) for host, names
+                                                                                  in by_host.items()))
+                      for reason, by_host in skipped.items()]
+        # Hosts with the same outcome and the same detail (a cold deploy of identical nodes) share one entry; the
+        # failed ones first.
+        detailed = sorted(group_hosts((row.host, (self.outcome(row), tuple(entries)))
+                                      for row in rows if (entries := _host_detail(row))),
+                          key=lambda group: group[0][0] != FAILED)
         if detailed:
             lines += ["", "## Hosts where something happened or failed"]
-            for (outcome, entries), hosts in detailed.items():
-                count = f" ({len(hosts)} hosts)" if len(hosts) > 1 else ""
-                lines += ["", f"### {', '.join(hosts)}{count}: {outcome}", ""] + [f"- {entry}" for entry in entries]
+            for (outcome, entries), hosts in detailed:
+                lines += ["", f"### {hosts_label(hosts, everyone)}: {outcome}", ""] + [f"- {entry}" for entry in entries]
         return "\n".join(lines) + "\n"
 
     def write(self, directory: Path) -> tuple[Path, Path]:
-        """Write ``<mode>-<time>.json`` and ``.md`` plus ``latest.json``/``latest.md``, each atomically."""
+        """Write ``<mode>-<time>.json``, ``.md`` and ``-hosts.md`` (one row per host) plus ``latest.json``,
+        ``latest.md`` and ``latest-hosts.md``, each atomically."""
         directory.mkdir(parents=True, exist_ok=True)
         stem = f"{self.mode}{'' if self.executed else '-dry'}-{self.started.strftime('%Y%m%dT%H%M%SZ')}"
         json_text = json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n"
-        markdown = self.to_markdown()
-        for name, text in ((f"{stem}.json", json_text), (f"{stem}.md", markdown),
-                           ("latest.json", json_text), ("latest.md", markdown)):
+        markdown = self.to_markdown(hosts_file=f"{stem}-hosts.md")
+        per_host = self.to_markdown(per_host=True)
+        for name, text in ((f"{stem}.json", json_text), (f"{stem}.md", markdown), (f"{stem}-hosts.md", per_host),
+                           ("latest.json", json_text), ("latest.md", markdown), ("latest-hosts.md", per_host)):
             write_file_atomically(directory / name, text.encode("utf-8"))
         return directory / f"{stem}.json", directory / f"{stem}.md"
 
@@ -256,6 +293,8 @@ SHORT_STEP_NAMES = {"patches amd-aiter": "aiter patch", "patches vllm": "vllm pa
 # What a host that neither failed nor was left alone is, after a run of each mode.
 OUTCOMES = {"deploy": "provisioned", "verify": "as deployed", "rollback": "rolled back"}
 LEFT_ALONE = "left alone"
+# A host's role where it shares no environment, and a step's count for hosts that did not reach it.
+OWN_ENVIRONMENT, NOT_RUN = "own environment", "not run"
 # Step statuses worth a line in the host's detail; "unchanged" and "ok" need none, "skipped" is grouped by reason.
 DETAILED_STATUSES = (FAILED, CHANGED, PLANNED)
 
@@ -276,18 +315,6 @@ def _label(index: int) -> str:
 
 def _short_arch(arch: str | None) -> str:
     return "mixed" if arch and arch.startswith("mixed") else arch or "?"
-
-
-def _hosts_and_steps(entries: list[str]) -> str:
-    """``mi300x-c wheels``, ``mi300x-c kernels``... as ``mi300x-c (wheels, kernels)``, hosts in order."""
-    steps: dict[str, list[str]] = {}
-    for entry in entries:
-        host, _, step = entry.partition(" ")
-        steps.setdefault(host, []).append(step)
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for host, names in steps.items():
-        groups.setdefault(tuple(names), []).append(host)
-    return "; ".join(f"{', '.join(hosts)} ({', '.join(names)})" for names, hosts in groups.items())
 
 
 def _host_detail(row: HostRow) -> list[str]:
