@@ -9,6 +9,11 @@ gates; the cluster report is written when the run ends. pyinfra runs this file o
 below is taken from that host's probe.
 """
 
+if __name__ == "__main__":  # `python deploy.py`: say what this file is instead of pyinfra's traceback
+    from cdna2.deploy_file import refuse_direct_run
+    refuse_direct_run(__file__)
+
+
 # pyinfra runs this module as a file, not as a package module: imports are absolute from the repository root.
 from pyinfra import host, inventory, state
 from pyinfra.api.exceptions import OperationError
