@@ -187,7 +187,10 @@ def check_tool(words: list[str]) -> list[str]:
     if module in OUR_MODULES:
         argv = [sys.executable, "-m", module]
         rest = words[3:]
-        while rest and re.fullmatch(r"[a-z][a-z0-9-]*", rest[0]):
+        # Words are subcommands while the parser reached so far has subcommands (argparse lists them first under
+        # "positional arguments", as COMMAND or {a,b}); a lowercase word after that is an argument.
+        while rest and re.fullmatch(r"[a-z][a-z0-9-]*", rest[0]) and \
+                re.search(r"positional arguments:\n\s+(COMMAND|\{[\w,-]+\})", help_text(*argv)):
             listed = help_text(*argv)
             if not re.search(rf"(?<![\w-]){re.escape(rest[0])}(?![\w-])", listed.split("options:")[0]):
                 return [f"`{' '.join(argv[2:])}` has no subcommand `{rest[0]}`"]
@@ -245,6 +248,9 @@ def test_no_issue_numbers_or_work_log_in_the_docs(page):
     (".venv/bin/pyinfra inventory/lab.py deploy.py --dryrun", ["--dryrun"]),
     ("srun -N 2 .venv/bin/python -m cdna2 translate SRC DST --hazard-policy strict", []),
     ("srun -N 2 .venv/bin/python -m cdna2 translate SRC DST --no-such-flag", ["--no-such-flag"]),
+    (".venv/bin/python -m cdna2 translate src/gfx942 out --report out.json", []),
+    (".venv/bin/python -m cdna2 patch port --set aiter-asm-paths --site-packages site", []),
+    (".venv/bin/python -m cdna2 patch prot --site-packages site", ["`cdna2 patch` has no subcommand `prot`"]),
     (".venv/bin/python -m cdna2 patch {plan,check} --site-packages DIR [--set NAME ...]", []),
     (".venv/bin/python -m releases explainn --config CONFIG.json", ["`releases` has no subcommand `explainn`"]),
     ("./lab/up 10 --shared 8 && ./lab/down", []),
