@@ -28,7 +28,9 @@ The rules (docs/maintainers/test-lab.md repeats them for authors of pages):
 from __future__ import annotations
 
 import functools
+import json
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -272,3 +274,17 @@ def test_issue_numbers_and_work_log_words_are_caught():
     assert ISSUE_NUMBER.search("fixed in issue 12") and ISSUE_NUMBER.search("see #31")
     assert WORK_LOG.search("## Session 12: the final bench")
     assert not ISSUE_NUMBER.search("[the report](#the-report) and &#8212;")
+
+
+def test_every_host_data_key_is_in_the_inventories_page_with_its_default():
+    """docs/inventories.md lists every key the schema accepts, and each default of group_data/all.py as it is."""
+    keys = json.loads((REPO / "cdna2/schemas/host-data-1.0.json").read_text())["properties"]
+    page = (REPO / "docs" / "inventories.md").read_text()
+    rows = {key: line for line in page.splitlines() if line.startswith("| `")
+            for key in re.findall(r"`(\w+)`", line.split("|")[1])}
+    assert sorted(set(keys) - set(rows)) == []
+    defaults = {k: v for k, v in runpy.run_path(str(REPO / "group_data/all.py")).items() if k in keys}
+    assert len(defaults) >= 20
+    for key, value in defaults.items():
+        shown = [f"`{value}`", f'`"{value}"`'] if isinstance(value, str) else [f"`{value!r}`"]
+        assert any(text in rows[key].split("|")[2] for text in shown), f"{key}: default {shown[0]} not in {rows[key]}"
