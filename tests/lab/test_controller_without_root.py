@@ -1,8 +1,9 @@
 """The controller installed without root, as docs/getting-started.md tells an HPC user to: a throwaway user of this
 machine with a fresh home, no sudo and no apt, copies the repository, makes a venv, installs requirements.txt, then
-previews a deploy of the simulated lab (--dry) from an inventory of its own, and translates the real gfx942 tree
-twice: with Debian's llvm-19 named by ROCM_LLVM_BIN (standing in for an older ROCm's LLVM) and with the LLVM the
-search finds by itself (llvm-22, which the lab uses). The two gfx90a trees must be byte-identical.
+previews a deploy of the simulated lab (--dry) from an inventory of its own with Debian's llvm-19 named by
+ROCM_LLVM_BIN (standing in for an older ROCm's LLVM; the preview translates the hosts' gfx942 tree with it), then
+translates the same tree with `python -m cdna2 translate` and the LLVM the search finds by itself (llvm-22, which the
+lab uses). The two gfx90a trees must be byte-identical.
 
 The user's pip reads the controller's wheels from a copy in its home (downloaded once, lab.wheelhouse), so the
 install runs offline; the user is removed at the end.
@@ -114,19 +115,22 @@ def test_controller_installs_without_root_previews_the_lab_and_translates_with_a
     report = json.loads((clone / "reports" / "latest.json").read_text())
     assert report["executed"] is False and report["failed_hosts"] == []
     assert sorted(row["host"] for row in report["hosts"]) == sorted(h["name"] for h in lab["hosts"])
-    assert (home / ".cache" / "cdna2").is_dir(), "the controller's cache is the user's own"
+    # The preview translated the hosts' tree (amd-aiter 0.1.7.post2.dev18's, as the wheelhouse's) in the user's own
+    # fresh cache, with the LLVM ROCM_LLVM_BIN named: that translation is the llvm-19 side of the comparison.
+    (entry,) = (home / ".cache/cdna2/kernels/engine").iterdir()
+    assert "translating gfx942 tree" in dry.stdout + dry.stderr
+    assert json.loads((entry / "report.json").read_text())["llvm"]["bin_dir"] == str(OLDER_LLVM)
+    older = entry / "tree"
 
-    translate = ".venv/bin/python -m cdna2 translate ~/gfx942 ~/{name} --report ~/{name}.json --cache ~/cache-{name}"
-    older = as_user(user, "cd ~/cdna2-provision && " + translate.format(name="llvm19"), ROCM_LLVM_BIN=str(OLDER_LLVM))
-    assert older.returncode == 0, older.stderr[-3000:]
-    found = as_user(user, "cd ~/cdna2-provision && " + translate.format(name="found"))
+    # The core's own command, with the LLVM the search finds by itself.
+    found = as_user(user, "cd ~/cdna2-provision && .venv/bin/python -m cdna2 translate ~/gfx942 ~/found "
+                          "--report ~/found.json --cache ~/cache-found")
     assert found.returncode == 0, found.stderr[-3000:]
-    llvm = {name: json.loads((home / f"{name}.json").read_text())["llvm"] for name in ("llvm19", "found")}
-    assert llvm["llvm19"]["version"].startswith("19.") and llvm["llvm19"]["bin_dir"] == str(OLDER_LLVM)
-    assert llvm["found"]["bin_dir"] == "/usr/lib/llvm-22/bin", "the search takes the newest distribution LLVM"
+    llvm = json.loads((home / "found.json").read_text())["llvm"]
+    assert llvm["bin_dir"] == "/usr/lib/llvm-22/bin", "the search takes the newest distribution LLVM"
 
     files = sorted(p.relative_to(home / "found") for p in (home / "found").rglob("*") if p.is_file())
     assert len([f for f in files if f.suffix == ".co"]) == 178, "amd-aiter 0.1.7.post2.dev18: 178 kernels translate"
-    assert files == sorted(p.relative_to(home / "llvm19") for p in (home / "llvm19").rglob("*") if p.is_file())
-    differing = [str(f) for f in files if not filecmp.cmp(home / "found" / f, home / "llvm19" / f, shallow=False)]
+    assert files == sorted(p.relative_to(older) for p in older.rglob("*") if p.is_file())
+    differing = [str(f) for f in files if not filecmp.cmp(home / "found" / f, older / f, shallow=False)]
     assert differing == [], f"llvm-19 and llvm-22 translate these files differently: {differing}"
