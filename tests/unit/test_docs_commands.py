@@ -11,8 +11,8 @@ The rules (docs/maintainers/test-lab.md repeats them for authors of pages):
 3. Our tools are checked in full, wherever they stand in a command (also after srun, salloc, env, time...):
    - `pyinfra` (any path to it): every deploy file or inventory named that is a repository path must exist, and
      every flag must be listed by `pyinfra --help`;
-   - `python -m cdna2|releases ...` (any python): the subcommand words must exist and every flag must be listed
-     by `python -m MODULE SUBCOMMAND... --help`;
+   - `python -m cdna2|releases|lab[.module] ...` (any python): the subcommand words must exist and every flag
+     must be listed by `python -m MODULE SUBCOMMAND... --help`;
    - `python FILE.py`, where FILE is ours: the file must exist;
    - `lab/up`, `lab/down`, `lab/status`, `bench/*`: the script must exist and every flag be listed by its `--help`;
    - `bin/*`: the script must exist; flags of `bin/lab-deploy` must be pyinfra's (it passes them on), of `bin/test`
@@ -42,7 +42,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CREATED_BY_RUNS = ("reports", ".venv")
-OUR_MODULES = ("cdna2", "releases")
+OUR_PACKAGES = ("cdna2", "releases", "lab")  # python -m PACKAGE[.module]: checked by its --help
 OUTSIDE_FLAG_SOURCES = {"bin/lab-deploy": "pyinfra", "bin/test": "pytest"}
 ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+|(?<![\w&#/])#\d+\b", re.I)
 WORK_LOG = re.compile(r"\bsession\s+\d+\b", re.I)
@@ -157,6 +157,10 @@ def python_module(words: list[str], start: int) -> str | None:
     return None
 
 
+def is_ours(module: str | None) -> bool:
+    return module is not None and module.split(".")[0] in OUR_PACKAGES
+
+
 def python_file(words: list[str], start: int) -> str | None:
     """`python FILE.py`: the file, which is ours (a deploy file or a script of this repository)."""
     following = words[start + 1:start + 2]
@@ -173,7 +177,7 @@ def tool_start(words: list[str]) -> int | None:
         if Path(program).name == "pyinfra" or program.split("/")[0] in ("bin", "lab", "bench") and \
                 "/" in program and not program.endswith((".md", ".yaml", ".json")):
             return index
-        if python_module(words, index) in OUR_MODULES:
+        if is_ours(python_module(words, index)):
             return index
         if python_file(words, index):
             return index
@@ -187,7 +191,7 @@ def check_tool(words: list[str]) -> list[str]:
     if Path(program).name == "pyinfra":
         return unlisted(flags(rest), help_text(sys.executable, "-m", "pyinfra"))
     module = python_module(words, 0)
-    if module in OUR_MODULES:
+    if is_ours(module):
         argv = [sys.executable, "-m", module]
         rest = words[3:]
         # Words are subcommands while the parser reached so far has subcommands (argparse lists them first under
@@ -257,6 +261,8 @@ def test_no_issue_numbers_or_work_log_in_the_docs(page):
     (".venv/bin/python -m cdna2 patch {plan,check} --site-packages DIR [--set NAME ...]", []),
     (".venv/bin/python -m releases explainn --config CONFIG.json", ["`releases` has no subcommand `explainn`"]),
     ("./lab/up 10 --shared 8 && ./lab/down", []),
+    (".venv/bin/python -m lab.labctl up 2 --login user", []),
+    (".venv/bin/python -m lab.labctl up --logn user", ["--logn"]),
     ("./lab/up --sharedd 8", ["--sharedd"]),
     ("bin/lab-deploy --dry", []),
     ("bin/nothing", ["bin/nothing: no such file in the repository"]),
