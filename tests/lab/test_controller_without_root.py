@@ -42,7 +42,8 @@ def throwaway_user():
         subprocess.run(["userdel", "--remove", name], check=True, capture_output=True)
 
 
-def as_user(user: pwd.struct_passwd, script: str, timeout: int = 900, **environment: str) -> subprocess.CompletedProcess:
+def as_user(user: pwd.struct_passwd, script: str, timeout: int = 900,
+            **environment: str) -> subprocess.CompletedProcess:
     """``script`` run by ``sh`` as ``user`` with a login's bare environment (no variable of this test leaks in)."""
     env = {"HOME": user.pw_dir, "USER": user.pw_name, "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", **environment}
     return subprocess.run(["runuser", "-u", user.pw_name, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
