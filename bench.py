@@ -10,6 +10,11 @@ host is skipped, with the reason, in the bench report. Nothing on any host chang
 to date when it predates this checkout. A case that is wrong, crashed, hung or failed fails its host.
 """
 
+if __name__ == "__main__":  # `python bench.py`: say what this file is instead of pyinfra's traceback
+    from cdna2.deploy_file import refuse_direct_run
+    refuse_direct_run(__file__)
+
+
 # pyinfra runs this module as a file, not as a package module: imports are absolute from the repository root.
 from pyinfra import host, inventory, state
 from pyinfra.api.exceptions import OperationError

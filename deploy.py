@@ -9,6 +9,11 @@ gates; the cluster report is written when the run ends. pyinfra runs this file o
 below is taken from that host's probe.
 """
 
+if __name__ == "__main__":  # `python deploy.py`: say what this file is instead of pyinfra's traceback
+    from cdna2.deploy_file import refuse_direct_run
+    refuse_direct_run(__file__)
+
+
 # pyinfra runs this module as a file, not as a package module: imports are absolute from the repository root.
 from pyinfra import host, inventory, state
 from pyinfra.api.exceptions import OperationError
@@ -31,7 +36,7 @@ from operations.agent import RUN, agent_installed, current_agent_bundle
 from operations.bench import BenchRecorder, benchmarked
 from operations.facts import host_probe
 from operations.images import is_container_target
-from operations.kernels import translated_kernels, translated_tree_for
+from operations.kernels import translated_kernels, translated_tree_or_refusal
 from operations.patches import patched_package, probe_files, transaction_finished
 from operations.preflight import (environment_claimed_by, environment_identity, fp8_configs_of, load_data_files,
                                   probe_announced, validate_inventory)
@@ -81,8 +86,8 @@ reinstalled = sorted({action.package for action in actions} & set(catalog.packag
 requirements = [action.requirement for action in actions]
 kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
 kernel_policy = KernelPolicy.of_host_data(data)
-tree = (translated_tree_for(host, probe, kernel_policy)
-        if kernels == PROCEED and "amd-aiter" not in reinstalled else None)
+tree, translation_error = (translated_tree_or_refusal(host, probe, kernel_policy)
+                           if kernels == PROCEED and "amd-aiter" not in reinstalled else (None, None))
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
 needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
@@ -96,7 +101,7 @@ writer = environment_claimed_by(inventory, host.name)
 writes = writer is None
 shared_error = shared_environment_refusal(probe, writer, data.shared_environment and bool(writer) and
                                           inventory.get_host(writer).data.shared_environment)
-problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
+problem = env_error or write_error or shared_error or arch_refusal or wheel_error or translation_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)

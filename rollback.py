@@ -9,6 +9,11 @@ and empty the tool's state directory; then check every AITER and vLLM file again
 never provisioned, or only half, gets only what it needs; a second rollback changes nothing.
 """
 
+if __name__ == "__main__":  # `python rollback.py`: say what this file is instead of pyinfra's traceback
+    from cdna2.deploy_file import refuse_direct_run
+    refuse_direct_run(__file__)
+
+
 import os
 
 from pyinfra import host, inventory, state

@@ -10,6 +10,11 @@ gfx90a GPUs on the PCI bus that neither rocminfo nor the KFD topology lists any 
 on any host changes; run the deploy to repair (a failed driver first).
 """
 
+if __name__ == "__main__":  # `python verify.py`: say what this file is instead of pyinfra's traceback
+    from cdna2.deploy_file import refuse_direct_run
+    refuse_direct_run(__file__)
+
+
 from pyinfra import host, inventory, state
 
 from cdna2.drift import checkout_changes, find_drift

@@ -40,7 +40,8 @@ class HostDataError(ValueError):
         self.problems = problems
         lines = [f"invalid host data on {len({p.host for p in problems})} host(s); no host was changed:"]
         lines += [f"  {problem}" for problem in problems]
-        lines.append("fix the inventory, group_data/ or --data values named above (every key is listed in README.md)")
+        lines.append("fix the inventory, group_data/ or --data values named above (every key is listed in "
+                     "docs/inventories.md)")
         super().__init__("\n".join(lines))
 
 

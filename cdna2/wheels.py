@@ -212,14 +212,20 @@ def _pip_argv(python: str, spec: PackageSpec, mirror: tuple[str, ...] | None,
     return (*PIP_ISOLATION, python, *PIP_INSTALL, *sources, *no_deps, *ignore, requirement), requirement
 
 
-def _found_text(found: dict | None) -> str:
-    return "not installed" if found is None else f"found {found['version']}"
+def _found_text(spec: PackageSpec, found: dict | None) -> str:
+    """What the install does to the host's copy: said as a replacement where the versions differ, so that --dry
+    shows an operator which of their own torch, amd-aiter or triton the deploy would swap for the matrix's pin."""
+    if found is None:
+        return "not installed"
+    if version_satisfies(found["version"], spec.version):
+        return f"found {found['version']}"
+    return f"replaces the installed {found['version']}"
 
 
 def _describe(spec: PackageSpec, found: dict | None, mirror: tuple[str, ...] | None, why: str) -> str:
     source = " ".join(mirror) if mirror is not None else (spec.wheel or spec.index_url)
     flags = " with --no-deps" if spec.no_deps else ""
-    return f"install {spec.requirement()}{flags} from {source} ({_found_text(found)}{why})"
+    return f"install {spec.requirement()}{flags} from {source} ({_found_text(spec, found)}{why})"
 
 
 def _apply_pins(entry: RocmEntry, pins: Mapping[str, str | None], matrix_path: Path) -> dict[str, PackageSpec]:

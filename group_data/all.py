@@ -1,4 +1,4 @@
-"""Defaults for every host. Group files, the inventory and --data override them; README.md lists every key.
+"""Defaults for every host. Group files, the inventory and --data override them; docs/inventories.md lists every key.
 
 pyinfra turns each module-level name here into a data key; cdna2/schemas/host-data-1.0.json says which keys
 exist and what their values may be, and the deploy rejects anything else before it touches a host.
@@ -66,7 +66,9 @@ aiter_version = None
 vllm_version = None
 triton_version = None
 
-# Install vLLM from the matrix on hosts that do not have it yet.
+# Manage vLLM from the wheel matrix too (install it, or move it to the matrix's version). The packaged matrix offers
+# no vLLM (PyPI's vLLM wheels are CUDA builds; on ROCm vLLM comes with the image or a source build): set this only
+# with a wheel_matrix of your own that names a ROCm vLLM wheel, else the host fails, naming the matrix.
 install_vllm = False
 
 # Run the on-host smoke tests after provisioning. On a host the probe sees as gfx90a the GPU checks must pass: a

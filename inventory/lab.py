@@ -1,4 +1,7 @@
-"""Example inventory of a real MI210 cluster: copy it, then replace the names, addresses and paths with yours.
+"""YOUR CLUSTER: edit this file in place. The hosts below are an example; replace their names, addresses and paths.
+
+`pyinfra inventory/lab.py deploy.py` is the command the docs tell you to type. (inventory/sim.py is the simulated
+test lab, and inventory/slurm.py reads a Slurm allocation.)
 
 Run against it with:
 
@@ -8,7 +11,7 @@ Run against it with:
 Each module-level list is a pyinfra group; every host is ``"name"`` or ``("name", {data})``. Group-wide values go
 in ``group_data/<group>.py`` (``group_data/all.py`` holds the defaults for every host); per-host values go in the
 host's dict here and win over group data. Every key is checked against cdna2/schemas/host-data-1.0.json before
-anything runs, and README.md lists them all with their defaults.
+anything runs, and docs/inventories.md lists them all with their defaults.
 
 The deploy decides what to do on each host from what it finds there (GPU arch, ROCm version, installed
 packages), not from the group a host is in: an MI300X listed under ``mi210`` by mistake is probed as gfx942 and

@@ -1,4 +1,7 @@
-"""pyinfra inventory of the simulated lab, read from .lab/lab.json (or $CDNA2_LAB_DIR/lab.json).
+"""THE SIMULATED TEST LAB, not a real cluster: your own hosts go in inventory/lab.py.
+
+pyinfra inventory of the simulated lab (docs/maintainers/test-lab.md), read from .lab/lab.json (or
+$CDNA2_LAB_DIR/lab.json); the lab's hosts are sshd processes on this machine with stand-in GPUs and ROCm.
 
 Groups: ``mi210`` (gfx90a hosts) and ``mi300x`` (gfx942 hosts). Every host is reached over real SSH with the lab's
 own key and known_hosts, host-key checking on. Bring the lab up first: ``./lab/up``.

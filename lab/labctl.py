@@ -2,7 +2,7 @@
 
 ``./lab/up [N]``, ``./lab/down`` and ``./lab/status`` are thin wrappers over ``python -m lab.labctl``. The lab's
 state lives in ``<repo>/.lab/`` (or ``$CDNA2_LAB_DIR``); ``lab.json`` there is the contract with
-``inventory/sim.py`` and the tests (fields documented in lab/README.md).
+``inventory/sim.py`` and the tests (fields documented in docs/maintainers/test-lab.md).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from lab.labstate import LabPaths, write_atomically
 
-# A lab started with --login sudo is reached as an unprivileged user who may sudo without a password, as the README
-# offers real clusters; a second user, without sudo rights, is there to be refused. A lab started with --login user
+# A lab started with --login sudo is reached as an unprivileged user who may sudo without a password, as the docs
+# offer real clusters; a second user, without sudo rights, is there to be refused. A lab started with --login user
 # is reached as a plain user with neither root nor sudo, as on an HPC cluster: it owns each host's /opt/venv and
 # its home (its own per host), and can only read the root-owned ROCm stand-in. All are this machine's users (the
 # hosts share its /etc), named after the lab directory so that labs side by side have their own.

@@ -7,6 +7,7 @@ fetched from the registry once per machine, never once per host or per test. The
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -112,3 +113,17 @@ def copy_subset(tree: Path, relatives, destination: Path) -> Path:
             (destination / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / relative)
     return destination
+
+
+def controller_wheels(requirements: Path) -> Path:
+    """A directory of wheels for every line of ``requirements`` (the controller's dependencies) and what they need,
+    downloaded once per content of that file: a fresh controller install can then run offline from it."""
+    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    wheels_dir = cache_root() / "controller-wheels" / digest
+    with cache_lock("controller-wheels"):
+        if not (wheels_dir / ".complete").exists():
+            wheels_dir.mkdir(parents=True, exist_ok=True)
+            print(f"wheelhouse: downloading the controller's requirements ({requirements})", file=sys.stderr)
+            _download(wheels_dir, "-r", str(requirements))
+            (wheels_dir / ".complete").touch()
+    return wheels_dir

@@ -11,7 +11,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 
 from cdna2.cache import cache_root
-from cdna2.kernels import Policy
+from cdna2.kernels import LlvmNotFoundError, Policy
 from cdna2.plan import develop_checkout, upload_space_problem
 from cdna2.translated import KernelSourceError, TranslatedTree, ensure_source, ensure_translation
 from operations.agent import agent_command, lease_command, run_tag
@@ -73,6 +73,18 @@ def translated_tree_for(source_host: Host, probe: dict, policy: Policy) -> Trans
                 cache, digest, source, policy,
                 progress=lambda line: logger.info(f"{source_host.print_prefix}{line}"))
     return _translations[digest, policy]
+
+
+def translated_tree_or_refusal(source_host: Host, probe: dict,
+                               policy: Policy) -> tuple[TranslatedTree | None, str | None]:
+    """``translated_tree_for``, or why the tree cannot be made (no usable LLVM on the controller, a gfx942 tree that
+    cannot be fetched or adapted): the host then fails in preflight, before anything on it changes."""
+    try:
+        return translated_tree_for(source_host, probe, policy), None
+    except LlvmNotFoundError as error:
+        return None, f"the controller cannot translate kernels: {error}"
+    except KernelSourceError as error:
+        return None, f"the gfx942 kernel tree cannot be translated: {error}"
 
 
 def upload_archive(state: State, host: Host, archive: Path, remote_archive: str) -> None:

@@ -26,7 +26,7 @@ from lab import torchvenv
 from releases import gates
 
 AITER_FA, ROCM_ATTN = "ROCM_AITER_FA", "ROCM_ATTN"
-# The serving environment the project recommends on gfx90a (README, "vLLM on gfx90a"): every AITER switch the
+# The serving environment the project recommends on gfx90a (docs/serving.md): every AITER switch the
 # translated kernels need. --env NAME=VALUE overrides one.
 SERVING_ENVIRONMENT = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MHA": "1",
                        "VLLM_ROCM_USE_AITER_LINEAR": "1", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,9 +19,10 @@ from typing import IO
 TRIPLE = "amdgcn-amd-amdhsa"
 REQUIRED_TOOLS = ("llvm-mc", "llvm-objdump", "llvm-readelf")
 REQUIRED_TARGETS = ("gfx942", "gfx90a")
-INSTALL_HINT = ("install an LLVM with the AMDGPU target that knows gfx942 and gfx90a (LLVM >= 17; on Debian/Ubuntu: "
-                "apt-get install llvm-22), or ROCm, or point ROCM_LLVM_BIN at a directory holding "
-                + ", ".join(REQUIRED_TOOLS))
+INSTALL_HINT = ("point ROCM_LLVM_BIN at a directory holding " + ", ".join(REQUIRED_TOOLS) + " of an LLVM with the "
+                "AMDGPU target that knows gfx942 and gfx90a (LLVM >= 17): ROCm's llvm/bin (set ROCM_PATH, or load "
+                "the rocm module), a pip-installed ROCm (pip install rocm-sdk-devel), or a distribution's LLVM "
+                "(Debian/Ubuntu: apt-get install llvm-22; no root needed for the other ways)")
 _ENCODING = re.compile(r"^\t(.*?)\s*; encoding: \[([0-9a-fx,]*)\]", re.M)
 _ASM_ERROR = re.compile(r"^<stdin>:(\d+):\d+: error: (.*)$", re.M)
 
@@ -43,15 +45,43 @@ class LlvmTools:
         return str(self.bin_dir / name)
 
 
+def _newest_first(paths: list[Path], version_of) -> list[Path]:
+    """Versioned install directories, newest first; names that carry no version are left out."""
+    versioned = []
+    for path in paths:
+        digits = re.findall(r"\d+", version_of(path))
+        if digits:
+            versioned.append((tuple(int(d) for d in digits), path))
+    return [path for _, path in sorted(versioned, reverse=True)]
+
+
 def candidate_dirs() -> list[Path]:
-    """Where LLVM is looked for, in order: ROCM_LLVM_BIN, /opt/rocm, ROCm's Python wheel, system LLVM (newest first)."""
+    """Where LLVM is looked for, in this order (docs/getting-started.md lists it for operators):
+
+    1. ``$ROCM_LLVM_BIN``, alone: an explicit choice is never second-guessed;
+    2. ROCm's own LLVM: ``$ROCM_PATH/llvm/bin`` (what HPC modules set), ``/opt/rocm/llvm/bin``, then versioned
+       installs ``/opt/rocm-X.Y.Z/llvm/bin``, newest first;
+    3. a pip-installed ROCm in the controller's Python (``rocm-sdk-devel``: ``_rocm_sdk_devel/lib/llvm/bin``);
+    4. a distribution's LLVM: ``/usr/lib/llvm-N/bin`` (Debian, Ubuntu) and ``/usr/lib64/llvmN/bin`` (Fedora, RHEL,
+       SUSE), newest first;
+    5. the ``llvm-mc`` on ``PATH`` (a distribution's unversioned LLVM, a module, conda's ``llvmdev``).
+    """
     if os.environ.get("ROCM_LLVM_BIN"):
-        return [Path(os.environ["ROCM_LLVM_BIN"])]  # an explicit choice is never second-guessed
-    candidates = [Path("/opt/rocm/llvm/bin")]
+        return [Path(os.environ["ROCM_LLVM_BIN"])]
+    candidates = [Path(os.environ["ROCM_PATH"], "llvm/bin")] if os.environ.get("ROCM_PATH") else []
+    candidates.append(Path("/opt/rocm/llvm/bin"))
+    candidates += _newest_first(list(Path("/opt").glob("rocm-*/llvm/bin")), lambda p: p.parent.parent.name)
     candidates += [Path(entry, "_rocm_sdk_devel/lib/llvm/bin") for entry in sys.path if entry.endswith("site-packages")]
-    system = [p for p in Path("/usr/lib").glob("llvm-*/bin") if p.parent.name.removeprefix("llvm-").isdigit()]
-    candidates += sorted(system, key=lambda p: int(p.parent.name.removeprefix("llvm-")), reverse=True)
-    return candidates
+    candidates += _newest_first([*Path("/usr/lib").glob("llvm-*/bin"), *Path("/usr/lib64").glob("llvm*/bin")],
+                                lambda p: p.parent.name.removeprefix("llvm-").removeprefix("llvm"))
+    on_path = shutil.which("llvm-mc")
+    if on_path:
+        candidates.append(Path(on_path).resolve().parent)
+    unique: list[Path] = []
+    for candidate in candidates:
+        if candidate not in unique:
+            unique.append(candidate)
+    return unique
 
 
 def _why_unusable(bin_dir: Path) -> str | None:

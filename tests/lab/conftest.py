@@ -1,4 +1,4 @@
-"""Fixtures for tests against the simulated lab (lab/README.md).
+"""Fixtures for tests against the simulated lab (docs/maintainers/test-lab.md).
 
 ``lab``: the default three-host lab, shared by the whole session. A lab that is already up is reused as it is;
 one this session had to start is stopped again at the end (set CDNA2_LAB_KEEP=1 to keep it running).

@@ -67,7 +67,7 @@ def results_table(output: str) -> str:
 
 
 def test_second_run_issues_no_operation(deployed) -> None:
-    """Operations are issued only where the probe shows work: provisioned hosts get none (bench/README.md, 8)."""
+    """Operations are issued only where the probe shows work: provisioned hosts get none (bench/deploy)."""
     first, second, _, _ = deployed
     assert OPERATION_ROW.search(results_table(first.output)), "the first run's operations are listed"
     assert not OPERATION_ROW.search(results_table(second.output)), results_table(second.output)

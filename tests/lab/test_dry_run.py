@@ -47,3 +47,21 @@ def test_dry_run_shows_diffs_and_changes_nothing_then_deploy_applies(lab: dict, 
             assert "patches amd-aiter" in steps and steps["patches amd-aiter"]["status"] == "skipped"
             assert {k: v for k, v in after.items() if k != "state"} == \
                 {k: v for k, v in before[lab_host["name"]].items() if k != "state"}, "gfx942 host left alone"
+
+
+def test_without_a_usable_llvm_the_gfx90a_hosts_fail_in_preflight_naming_what_was_tried(
+        lab: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No LLVM on the controller is the controller's problem, said per gfx90a host before anything on it changes
+    (it was a traceback through pyinfra); the gfx942 host, which needs no translation, is planned as usual."""
+    monkeypatch.setenv("ROCM_LLVM_BIN", str(tmp_path / "no-llvm-here"))
+    dry = run_pyinfra("deploy.py", "--dry", report_dir=tmp_path)
+    # A dry run executes nothing, the preflight's failure included: the report says which hosts would fail.
+    assert "Traceback" not in dry.output and dry.report["executed"] is False
+    gfx90a = sorted(h["name"] for h in lab["hosts"] if h["arch"] == "gfx90a")
+    assert sorted(dry.report["failed_hosts"]) == gfx90a
+    for name in gfx90a:
+        detail = dry.row(name)["steps"]["preflight"]["detail"]
+        assert detail.startswith("the controller cannot translate kernels: no usable LLVM found"), detail
+        assert f"{tmp_path / 'no-llvm-here'}: missing llvm-mc" in detail and "ROCM_LLVM_BIN" in detail
+    for other in (h["name"] for h in lab["hosts"] if h["arch"] != "gfx90a"):
+        assert dry.row(other)["status"] == "ok"

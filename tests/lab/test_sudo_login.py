@@ -1,4 +1,4 @@
-"""A host reached as an unprivileged user with passwordless sudo (``./lab/up --login sudo``), as the README offers
+"""A host reached as an unprivileged user with passwordless sudo (``./lab/up --login sudo``), as the docs offer
 real clusters: deploy, --dry, verify and rollback all run through sudo, and what they leave is root's. A login user
 without sudo rights fails that host in preflight, by name, before anything on it changes.
 

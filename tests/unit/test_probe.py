@@ -362,7 +362,8 @@ def test_run_program_captures_both_streams_and_kills_on_timeout() -> None:
 # --- the probe's own JSON, CSV and text parsing: what it does instead of importing json, csv and re ----------------
 
 # Imported by the json, csv and re modules and by functools (which pulls in collections): together about a quarter
-# of a provisioned host's probe (bench/README.md, "Session 5"). The probe must import none of them.
+# of a provisioned host's probe (measured by bench/deploy when the no-op probe was made cheap). The probe must
+# import none of them.
 MODULES_THE_PROBE_DOES_WITHOUT = {"json", "re", "csv", "enum", "functools", "collections"}
 
 

@@ -73,7 +73,7 @@ def test_policy_is_validated_host_data_with_a_documented_default():
     assert schema()["properties"]["kernel_hazard_policy"]["enum"] == list(hazard_rules.POLICIES)
     defaults = runpy.run_path(str(ROOT / "group_data/all.py"))
     assert defaults["kernel_hazard_policy"] == hazard_rules.DEFAULT_POLICY
-    assert "`kernel_hazard_policy`" in (ROOT / "README.md").read_text()
+    assert "`kernel_hazard_policy`" in (ROOT / "docs" / "inventories.md").read_text()
     assert problems_for("mi210-a", {"kernel_hazard_policy": "strict"}) == []
     (problem,) = problems_for("mi210-a", {"kernel_hazard_policy": "lenient"})
     assert "host mi210-a: data key `kernel_hazard_policy`" in str(problem)

@@ -22,15 +22,31 @@ def test_unusable_rocm_llvm_bin_says_what_to_install(monkeypatch, tmp_path):
     assert "apt-get install llvm-22" in message and "ROCM_LLVM_BIN" in message
 
 
-def test_candidates_in_documented_order(monkeypatch):
+def test_candidates_in_documented_order(monkeypatch, tmp_path):
     monkeypatch.delenv("ROCM_LLVM_BIN", raising=False)
+    monkeypatch.setenv("ROCM_PATH", str(tmp_path / "rocm-module"))
+    on_path = tmp_path / "path-bin"
+    on_path.mkdir()
+    (on_path / "llvm-mc").write_text("#!/bin/sh\n")
+    (on_path / "llvm-mc").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{on_path}:/usr/bin:/bin")
     candidates = [str(p) for p in llvm.candidate_dirs()]
-    assert candidates[0] == "/opt/rocm/llvm/bin"
+    assert candidates[:2] == [str(tmp_path / "rocm-module/llvm/bin"), "/opt/rocm/llvm/bin"]
+    versioned_rocm = [c for c in candidates if c.startswith("/opt/rocm-")]
     wheel = [c for c in candidates if c.endswith("_rocm_sdk_devel/lib/llvm/bin")]
-    system = [c for c in candidates if c.startswith("/usr/lib/llvm-")]
-    assert candidates == [candidates[0], *wheel, *system]
-    versions = [int(c.split("/")[3].removeprefix("llvm-")) for c in system]
-    assert versions == sorted(versions, reverse=True)
+    system = [c for c in candidates if c.startswith(("/usr/lib/llvm-", "/usr/lib64/llvm"))]
+    assert wheel, "the controller's own site-packages are searched for a pip-installed ROCm"
+    assert system, "bin/setup installs llvm-22 and llvm-19: both must be candidates"
+    assert candidates == [*candidates[:2], *versioned_rocm, *wheel, *system, str(on_path)]
+    versions = [int(c.split("/")[3].removeprefix("llvm-").removeprefix("llvm")) for c in system]
+    assert versions == sorted(versions, reverse=True) and {22, 19} <= set(versions)
+
+
+def test_versioned_installs_sort_newest_first(tmp_path):
+    for name in ("rocm-6.4.3", "rocm-6.10.0", "rocm-7.0.1", "rocm"):
+        (tmp_path / name).mkdir()
+    ordered = llvm._newest_first(list(tmp_path.iterdir()), lambda p: p.name)
+    assert [p.name for p in ordered] == ["rocm-7.0.1", "rocm-6.10.0", "rocm-6.4.3"]
 
 
 def test_llvm_that_lacks_a_target_is_refused(tmp_path):

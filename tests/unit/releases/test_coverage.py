@@ -20,7 +20,7 @@ from cdna2.patches.cli import apply_in_place, probe
 from releases import coverage
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "maintainers" / "adding-a-release.md"
 
 
 @pytest.fixture(scope="session")
@@ -160,7 +160,7 @@ def test_readme_carries_the_current_coverage_table(catalog, results):
     start = readme.index("<!-- coverage:start -->\n```\n") + len("<!-- coverage:start -->\n```\n")
     end = readme.index("```\n<!-- coverage:end -->")
     assert readme[start:end] == coverage.table(results, catalog) + "\n", \
-        "README's coverage table is stale: paste the output of python -m releases coverage"
+        "adding-a-release.md: stale coverage table: paste the output of python -m releases coverage"
 
 
 def test_audit_lists_gates_left_for_gfx90a_after_the_plan(catalog, trees, tmp_path):

@@ -72,7 +72,7 @@ def test_triton_370_is_replaced_by_371_and_nothing_else(matrix):
     assert [action.package for action in plan.actions] == ["triton"]
     action = plan.actions[0]
     assert list(action.argv) == ISOLATED_PIP + ["--index-url", PYPI, "--no-deps", "triton==3.7.1"]
-    assert "SIGSEGV" in action.description and "found 3.7.0" in action.description
+    assert "SIGSEGV" in action.description and "replaces the installed 3.7.0" in action.description
 
 
 def test_a_triton_whose_install_was_cut_short_is_installed_again_over_it(matrix):
@@ -256,3 +256,14 @@ def test_pins_are_read_from_host_data_keys(matrix):
                     "triton_version": None}
     assert [action.requirement for action in plan_wheels(matrix, matching_probe(), pins=pins).actions] == \
         ["torch==2.8.0+rocm6.4", "triton==3.7.1"]
+
+
+def test_a_default_deploy_says_which_installed_packages_it_replaces(matrix):
+    """The operator's own torch and AITER are swapped for the matrix's pins: --dry's wheels lines say so."""
+    plan = plan_wheels(matrix, matching_probe(torch="2.5.1+rocm6.2", amd_aiter="0.1.5", triton="3.7.1"))
+    described = {action.package: action.description for action in plan.actions}
+    assert list(described) == ["torch", "amd-aiter", "triton"]
+    assert described["torch"].endswith("(replaces the installed 2.5.1+rocm6.2)")
+    assert described["amd-aiter"].endswith("(replaces the installed 0.1.5)")
+    assert described["triton"].endswith("(found 3.7.1; reinstalled last because the installs before it can replace "
+                                        "triton)")
