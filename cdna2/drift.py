@@ -90,6 +90,9 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
             if result["error"]:
                 drift.append(f"{package} checkout {result['git']} not checked: {result['error']}")
             continue
+        if result["unproven"]:
+            drift.append(f"{package} not checked: {result['unproven']}; reinstall it, then run the deploy")
+            continue
         edited = [path for path in result["mismatched"] if path not in patched_files]
         if edited or result["missing"]:
             drift.append(f"{package} files differ from RECORD: "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import REPO, host_snapshot, run_pyinfra
+from tests.lab.deploy_runner import REPO, host_snapshot, lab_hosts, run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -37,7 +37,7 @@ def test_deploy_completes_on_every_lab_host(lab: dict, deployed) -> None:
     first, _, _, _ = deployed
     assert first.returncode == 0, first.output[-4000:]
     assert sorted(row["host"] for row in first.report["hosts"]) == sorted(h["name"] for h in lab["hosts"])
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         row = first.row(lab_host["name"])
         assert row["status"] == "ok", row
         assert row["hostname"] == lab_host["name"], "each host answers from its own UTS namespace"
@@ -87,7 +87,7 @@ def test_translation_runs_once_per_distinct_source_tree(deployed) -> None:
 
 def test_gfx942_host_is_left_alone_and_the_report_says_why(lab: dict, deployed) -> None:
     first, _, _, _ = deployed
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx942"):
+    for lab_host in lab_hosts(lab, "gfx942"):
         kernels = first.row(lab_host["name"])["steps"]["kernels"]
         assert kernels["status"] == "skipped" and "gfx942" in kernels["detail"] and "left alone" in kernels["detail"]
         assert host_snapshot(lab_host)["hsa"] is not None
@@ -122,7 +122,7 @@ def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
     (facts,) = json.loads(result.stdout).values()
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         probe = facts[lab_host["name"]]
         assert probe["os"]["hostname"] == lab_host["name"]
         assert probe["python"]["is_target"] and probe["python"]["path"] == "/opt/venv/bin/python"
@@ -137,10 +137,10 @@ def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
 def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_the_policy(
         lab: dict, deployed, tmp_path: Path) -> None:
     first, _, _, _ = deployed
-    for lab_host in lab["hosts"]:  # the probe runs the agent's copy from bytecode (operations/facts.py)
+    for lab_host in lab_hosts(lab):  # the probe runs the agent's copy from bytecode (operations/facts.py)
         agent = Path(lab_host["binds"]["/var/lib/cdna2"]) / "agent" / "cdna2" / "host"
         assert list((agent / "__pycache__").glob("probe.cpython-*.pyc")), f"{lab_host['name']}: no agent bytecode"
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+    for lab_host in lab_hosts(lab, "gfx90a"):
         row = first.row(lab_host["name"])
         assert "kernel_hazard_policy default (MFMA wait-state audit" in row["steps"]["kernels"]["detail"]
         details = row["details"]["kernels"]
@@ -153,7 +153,7 @@ def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_th
     strict = run_pyinfra("-y", "verify.py", "--data", "kernel_hazard_policy=strict", "--data", "int8_k32_split=true",
                          report_dir=tmp_path)
     assert strict.returncode != 0
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+    for lab_host in lab_hosts(lab, "gfx90a"):
         detail = strict.row(lab_host["name"])["steps"]["verify"]["detail"]
         assert "kernel_hazard_policy: recorded default, host data strict: run the deploy" in detail, detail
         assert "int8_k32_split: recorded off, host data on: run the deploy" in detail, detail

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import dist_version, run_pyinfra, site_packages, ssh
+from tests.lab.deploy_runner import dist_version, lab_hosts, run_pyinfra, site_packages, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -54,7 +54,7 @@ def test_tamper_verify_repair_rollback(lab: dict, gfx90a_hosts: list[dict], tmp_
 
     rolled_back = run_pyinfra("-y", "rollback.py", report_dir=reports)
     assert rolled_back.returncode == 0, rolled_back.output[-4000:]
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         row = rolled_back.row(lab_host["name"])
         assert row["steps"]["record"]["status"] == "ok", row["steps"]
         site = site_packages(lab_host)
