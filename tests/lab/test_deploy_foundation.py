@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cdna2.families import host_families
+from cdna2.host.families import installed_families
 from tests.lab.deploy_runner import REPO, host_snapshot, lab_hosts, run_pyinfra
 
 pytestmark = pytest.mark.lab
@@ -74,6 +76,23 @@ def test_second_run_issues_no_operation(deployed) -> None:
     smoke = {row["host"]: row["steps"]["smoke"] for row in second.report["hosts"] if row["arch"] == "gfx90a"}
     assert smoke and all(step["status"] == "ok" and "for this same state" in step["detail"]
                          for step in smoke.values()), smoke
+
+
+def test_every_installed_kernel_family_is_in_the_report_unproven_without_gpu_checks(lab: dict, deployed) -> None:
+    """The lab's GPUs are stand-ins (smoke_gpu_checks off): every family the tree holds is reported unproven, with
+    the reason, by the run that judged it and by the re-run that reuses its proof; none is withheld."""
+    first, second, _, _ = deployed
+    for lab_host in lab_hosts(lab, "gfx90a"):
+        tree = next(Path(lab_host["binds"]["/opt/venv"]).glob("lib/python3*/site-packages/aiter_meta/hsa/gfx90a"))
+        installed = set(installed_families(tree, host_families()))
+        assert {"fmha_v3_fwd", "pa", "fmha_v3_bwd"} <= installed, installed
+        for run in (first, second):
+            families = run.row(lab_host["name"])["details"]["families"]
+            assert set(families) == installed
+            assert all(entry["verdict"] == "unproven" and entry["reason"].startswith("GPU checks did not run: GPU "
+                                                                                      "checks are off for this host")
+                       for entry in families.values()), families
+        assert f"families: {len(installed)} unproven" in first.row(lab_host["name"])["steps"]["smoke"]["detail"]
 
 
 def test_translation_runs_once_per_distinct_source_tree(deployed) -> None:
