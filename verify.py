@@ -71,7 +71,8 @@ for package, status in sorted(probe["record_check"].items()):
 # The kernel families as the last smoke test on this host judged them (withheld ones are gone from hsa/gfx90a).
 families = ((probe["state"] or {}).get("smoke") or {}).get("families")
 report_families(report, host.name, families)
-report.host(host.name).notes.append(f"kernel {verdict_line(families)}" if families else
-                                    "kernel families: unproven, no smoke verdict is recorded on this host")
+if (probe["aiter"] or {}).get("gfx90a_digest"):
+    report.host(host.name).notes.append(f"kernel {verdict_line(families)}" if families else
+                                        "kernel families: unproven, no smoke verdict is recorded on this host")
 report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
 drift_free(name="verify: the host is as deployed", drift=drift)

@@ -8,13 +8,11 @@ print.
 
 from __future__ import annotations
 
-import json
 from functools import cache
-from importlib import resources
 from typing import Any, Iterable
 
 from cdna2.host.families import family_of
-from cdna2.schema import first_violation, load_yaml
+from cdna2.schema import load_packaged
 
 FAMILIES_FILE = "kernel-families.yaml"
 NOT_READ = "not read"  # the reach of a family in a release whose source nobody read for this table
@@ -28,12 +26,8 @@ class FamiliesError(ValueError):
 def load_families() -> dict[str, Any]:
     """cdna2/data/kernel-families.yaml, validated against its schema and for consistency at load: family names
     unique, every reach entry's releases among those read, no release twice in one family."""
-    source = resources.files("cdna2").joinpath("data", FAMILIES_FILE)
-    document = load_yaml(source.read_text())
-    schema = json.loads(resources.files("cdna2").joinpath("schemas", "kernel-families-1.0.json").read_text())
-    violation = first_violation(document, schema)
-    if violation:
-        raise FamiliesError(f"{source}: {violation}")
+    document = load_packaged(FAMILIES_FILE, "kernel-families-1.0.json", FamiliesError)
+    source = f"cdna2/data/{FAMILIES_FILE}"
     names = [family["name"] for family in document["families"]]
     if len(set(names)) != len(names):
         raise FamiliesError(f"{source}: a family name appears twice: {sorted(n for n in names if names.count(n) > 1)}")

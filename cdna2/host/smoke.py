@@ -15,6 +15,12 @@ gfx90a host). GPU checks run ``cdna2.host.smoke_gpu`` in child processes on a ho
 (``--host-arch``): a GPU that cannot be used there fails them, with the reason; they are "skipped" only on a host
 with no GPU or another arch, or with ``--no-gpu-checks``, never "passed".
 
+With ``--families`` (the deploy passes cdna2/data/kernel-families.yaml), each installed kernel family gets a verdict
+(cdna2/host/families.py): proven when its GPU checks passed; withheld when one failed or none proves it, where the GPU
+checks ran (``withhold`` names those still in the tree: the deploy removes them); unproven, with the reason, where
+they did not run or ``--keep-family`` keeps it. The checks of a family withheld earlier are skipped: its kernels are
+gone.
+
 Each GPU child runs isolated (``python -I``: no working directory, PYTHONPATH or user site on its path) from the
 state directory, in a session of its own (gpu_run.py); when it ends, or at its time limit, whatever is left of its
 process group is killed and the JIT locks the group held are removed. A warm-up child first runs every case once under a
