@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.bench import deploy_skip_reason, host_cases, load_cases
+from cdna2.families import keep_refusal
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.login import write_access_refusal
@@ -98,7 +99,8 @@ writer = environment_claimed_by(inventory, host.name)
 writes = writer is None
 shared_error = shared_environment_refusal(probe, writer, data.shared_environment and bool(writer) and
                                           inventory.get_host(writer).data.shared_environment)
-problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
+problem = (env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
+           or keep_refusal(data.smoke_keep_unproven_families))
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)

@@ -40,6 +40,15 @@ def load_families() -> dict[str, Any]:
     return document
 
 
+def keep_refusal(names: Iterable[str]) -> str | None:
+    """Why host data's ``smoke_keep_unproven_families`` cannot stand (a name that is no family: a misspelling
+    would withhold the family it meant), or None."""
+    known = [family["name"] for family in load_families()["families"]]
+    unknown = sorted(set(names) - set(known))
+    return (f"smoke_keep_unproven_families names {', '.join(unknown)}, no kernel family of "
+            f"cdna2/data/{FAMILIES_FILE} (they are: {', '.join(known)})") if unknown else None
+
+
 def host_families() -> list[dict]:
     """What the smoke test on a host needs of each family: name, code objects, checks, why it has none."""
     return [{"name": family["name"], "kernels": family["kernels"], "checks": family["checks"],

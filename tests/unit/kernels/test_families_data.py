@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.cache import cache_root
-from cdna2.families import NOT_READ, family_rows, load_families, reach
+from cdna2.families import NOT_READ, family_rows, keep_refusal, load_families, reach
 from cdna2.host import smoke
 from cdna2.kernels import translate_tree
 from tests.unit.kernels.conftest import aiter_git_tree
@@ -30,6 +30,13 @@ def test_every_check_a_family_names_is_a_gpu_check_and_every_proving_check_prove
 def test_a_family_without_a_check_says_why() -> None:
     without = [family for family in FAMILIES if not family["checks"]]
     assert without and all(family["no_check"] for family in without)
+
+
+def test_host_data_may_keep_only_families_that_exist() -> None:
+    assert keep_refusal(["all_reduce", "fmha_v3_bwd"]) is None
+    refusal = keep_refusal(["allreduce"])
+    assert refusal.startswith("smoke_keep_unproven_families names allreduce, no kernel family of "
+                              "cdna2/data/kernel-families.yaml (they are: fmha_v3_fwd, fmha_v3_bwd, pa,")
 
 
 def test_reach_of_a_release_nobody_read_is_not_read() -> None:
