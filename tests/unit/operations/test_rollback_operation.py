@@ -5,25 +5,20 @@ from __future__ import annotations
 
 import json
 
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
+from pyinfra.api import State
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
 from cdna2.report import RunReport
 from operations import rollback
+from tests.unit.operations.fake_hosts import fake_host
 
 PROBE_OPTIONS = '"record_check"'  # a substring of the probe's command line: its JSON options
 
 
 def verify_stock(record_check: dict) -> tuple[State, object, RunReport]:
     output = json.dumps({"record_check": record_check})
-    # Host b runs nothing: pyinfra stops the whole run when its last host fails.
-    hosts = [("@fake/a", {"fake_delay": 0, "fake_delay_jitter": 0,
-                          "fake_responses": {PROBE_OPTIONS: {"stdout": output}}}), ("@fake/b", {})]
-    state = State(Inventory((hosts, {})), Config())
-    connect_all(state)
-    host = state.inventory.get_host("@fake/a")
+    state, host = fake_host({PROBE_OPTIONS: output})
     report = RunReport(mode="rollback", inventory="test")
     add_op(state, rollback.stock_files_verified, report=report, packages=["amd-aiter", "vllm"],
            target_python="/opt/venv/bin/python", rocm_root="/opt/rocm", state_dir="/var/lib/cdna2", host=[host])

@@ -11,8 +11,7 @@ import json
 import shlex
 from pathlib import Path
 
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
+from pyinfra.api import State
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
@@ -21,6 +20,7 @@ from cdna2.report import RunReport
 from operations import smoke
 from operations.facts import SmokeResult
 from lab import wheelhouse
+from tests.unit.operations.fake_hosts import fake_host
 from tests.unit.smoke.conftest import make_agent, make_target_python, provisioned_host, run_smoke_command
 
 DEPLOYED = {"kernels": "ab" * 32, "packages": {"amd-aiter": "0.1.7.post2.dev18"}}
@@ -37,12 +37,7 @@ def smoke_output(tmp_path: Path, *options: str) -> str:
 
 
 def run_smoke_op(output: str, **arguments) -> tuple[State, object, RunReport]:
-    # Host b runs nothing: pyinfra stops the whole run when its last host fails.
-    hosts = [("@fake/a", {"fake_delay": 0, "fake_delay_jitter": 0,
-                          "fake_responses": {SMOKE_COMMAND: {"stdout": output}}}), ("@fake/b", {})]
-    state = State(Inventory((hosts, {})), Config())
-    connect_all(state)
-    host = state.inventory.get_host("@fake/a")
+    state, host = fake_host({SMOKE_COMMAND: output})
     report = RunReport(mode="deploy", inventory="test")
     add_op(state, smoke.smoke_passed, report=report, deployed=DEPLOYED, current_state=None,
            site_packages="/opt/venv/site", target_python="/opt/venv/bin/python", state_dir="/var/lib/cdna2",
