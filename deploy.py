@@ -20,14 +20,15 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from cdna2.bench import deploy_skip_reason, host_cases, load_cases
+from cdna2.families import keep_refusal
 from cdna2.fp8_configs import PLAN_NAME as CONFIGS_PLAN, installed_hashes, plan_configs, with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.login import write_access_refusal
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
-                        disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
-                        target_env_error, with_data_arch)
+                        disk_space_problem, hidden_gpu_refusal, installed_kernel_digest, installed_versions,
+                        kernels_decision, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.reports.run import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.shared_environments import CHECKER, WRITER, checker_expectation, role_summary, shared_environment_refusal
@@ -42,7 +43,7 @@ from operations.preflight import (environment_claimed_by, environment_identity, 
                                   probe_announced, validate_inventory)
 from operations.report import RunRecorder
 from operations.shared import environment_checked, environment_claimed
-from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
+from operations.smoke import recorded_proof, report_families, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
 from operations.wheels import packages as wheel_packages
 
@@ -89,7 +90,9 @@ kernel_policy = KernelPolicy.of_host_data(data)
 tree, translation_error = (translated_tree_or_refusal(host, probe, kernel_policy)
                            if kernels == PROCEED and "amd-aiter" not in reinstalled else (None, None))
 wheel_error = str(wheel_plan) if isinstance(wheel_plan, WheelPlanError) else None
-needs_upload = tree is not None and probe["aiter"]["gfx90a_digest"] != tree.digest
+# Families the smoke step withheld from the tree (cdna2/host/families.py) leave it as installed for this comparison.
+installed_digest = installed_kernel_digest(probe, data.smoke_keep_unproven_families)
+needs_upload = tree is not None and installed_digest != tree.digest
 space_error = disk_space_problem(probe, tree.archive.stat().st_size, tree.tree_bytes) if needs_upload else None
 # A login that may not write where the run must (a read-only environment, a directory of another owner) is
 # refused here, by path, before anything changes.
@@ -101,7 +104,8 @@ writer = environment_claimed_by(inventory, host.name)
 writes = writer is None
 shared_error = shared_environment_refusal(probe, writer, data.shared_environment and bool(writer) and
                                           inventory.get_host(writer).data.shared_environment)
-problem = env_error or write_error or shared_error or arch_refusal or wheel_error or translation_error or space_error
+problem = (env_error or write_error or shared_error or arch_refusal or wheel_error or translation_error or space_error
+           or keep_refusal(data.smoke_keep_unproven_families))
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
@@ -163,7 +167,7 @@ else:
         env_changes += ["kernels"] if needs_upload else []
         if needs_upload and writes:
             translated_kernels(name="kernels: hsa/gfx90a holds the translated tree", tree=tree,
-                               hsa_root=probe["aiter"]["hsa_root"], installed_digest=probe["aiter"]["gfx90a_digest"],
+                               hsa_root=probe["aiter"]["hsa_root"], installed_digest=installed_digest,
                                site_packages=probe["distributions"]["amd-aiter"]["location"],
                                target_python=data.target_python, state_dir=state_dir)
     elif kernels == FAIL:
@@ -246,6 +250,8 @@ else:
     deployed = deployed_record(probe, requirements, tree and tree.digest, patch_sets,
                                tree and kernel_policy.record(tree.hazard_audit_version),
                                installed_hashes(fp8_configs) if "vllm" in patch_sets else None)
+    if data.smoke_keep_unproven_families:  # what a pass proves depends on it: families it keeps are not withheld
+        deployed["kept_families"] = sorted(data.smoke_keep_unproven_families)
     gpu_checks = data.smoke_gpu_checks and not no_gpu_reason  # whether GPU checks can run: part of what a pass proves
     if not data.smoke_tests:
         report.step(host.name, "smoke", SKIPPED, "smoke_tests is off for this host")
@@ -254,12 +260,14 @@ else:
     elif not state.ops[host] and (proof := recorded_proof(deployed, gpu_checks, probe["state"])):
         # No operation changes the host this run: the pass recorded for this very state still proves it.
         report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
+        report_families(report, host.name, proof.get("families"))
     else:
         smoke_passed(name="smoke: the host proves the gfx90a ASM path", report=report, deployed=deployed,
                      current_state=probe["state"],
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
                      target_python=data.target_python, state_dir=state_dir, host_arch=probe["gpu"]["arch"],
-                     gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
+                     gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason, hsa_root=probe["aiter"]["hsa_root"],
+                     keep_families=data.smoke_keep_unproven_families)
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
     if writes and not reinstalled and record_needed("deployed", deployed, probe["state"]):

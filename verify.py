@@ -19,6 +19,7 @@ from pyinfra import host, inventory, state
 
 from cdna2.drift import checkout_changes, find_drift
 from cdna2.host.checkouts import checkout_path
+from cdna2.host.families import verdict_line
 from cdna2.fp8_configs import with_config_targets
 from cdna2.kernels import Policy as KernelPolicy
 from cdna2.patches import plan_package_once
@@ -30,6 +31,7 @@ from operations.images import is_container_target
 from operations.patches import probe_files
 from operations.preflight import fp8_configs_of, load_data_files, validate_inventory
 from operations.report import RunRecorder
+from operations.smoke import report_families
 from operations.verify import drift_free
 
 report = RunRecorder.install(state, mode="verify").report
@@ -71,5 +73,11 @@ for package, status in sorted(probe["record_check"].items()):
         if others:
             report.host(host.name).notes.append(f"{package} checkout {status['git']}: differ from git HEAD, not ours "
                                                 f"(left as they are): {', '.join(others[:10])}")
+# The kernel families as the last smoke test on this host judged them (withheld ones are gone from hsa/gfx90a).
+families = ((probe["state"] or {}).get("smoke") or {}).get("families")
+report_families(report, host.name, families)
+if (probe["aiter"] or {}).get("gfx90a_digest"):
+    report.host(host.name).notes.append(f"kernel {verdict_line(families)}" if families else
+                                        "kernel families: unproven, no smoke verdict is recorded on this host")
 report.step(host.name, "verify", FAILED if drift else "ok", "; ".join(drift) or "as deployed")
 drift_free(name="verify: the host is as deployed", drift=drift)

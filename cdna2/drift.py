@@ -13,7 +13,7 @@ from collections.abc import Collection
 from typing import Any, Mapping
 
 from cdna2.kernels import Policy
-from cdna2.plan import installed_versions
+from cdna2.plan import installed_kernel_digest, installed_versions
 
 # Untracked paths of a develop checkout that a deploy puts there: the translated tree and its previous copy.
 CHECKOUT_TREES = ("hsa/gfx90a/", "hsa/.gfx90a.previous/")
@@ -54,7 +54,7 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
             found = now.get(name) or "absent"
             drift.append(f"{name} changed underneath us: deployed {version or 'absent'}, found {found}")
     expected_kernels = deployed["kernels"]
-    found_kernels = (probe["aiter"] or {}).get("gfx90a_digest")
+    found_kernels = installed_kernel_digest(probe)  # families the smoke step withheld are no drift
     if expected_kernels and found_kernels is None:
         drift.append("kernels missing: hsa/gfx90a is gone")
     elif expected_kernels and found_kernels != expected_kernels:
@@ -89,6 +89,9 @@ def find_drift(probe: dict[str, Any], plans: Mapping[str, Any],
         if "git" in result:  # a develop checkout: see checkout_changes
             if result["error"]:
                 drift.append(f"{package} checkout {result['git']} not checked: {result['error']}")
+            continue
+        if result["unproven"]:
+            drift.append(f"{package} not checked: {result['unproven']}; reinstall it, then run the deploy")
             continue
         edited = [path for path in result["mismatched"] if path not in patched_files]
         if edited or result["missing"]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 TARGET_ARCH = "gfx90a"
@@ -153,6 +154,19 @@ def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_dige
     if fp8_configs:
         record["fp8_block_configs"] = fp8_configs
     return record
+
+
+def installed_kernel_digest(probe: dict[str, Any], keep_families: Collection[str] = ()) -> str | None:
+    """The digest of ``hsa/gfx90a`` as the deploy installed it: the tree on disk, or, where the smoke step withheld
+    kernel families from it since (cdna2/host/families.py), the digest it had before, as the kernels record keeps
+    it. A withheld family the host data now keeps (``keep_families``) makes it the tree on disk again: the deploy
+    then installs the whole tree, and the smoke test judges that family anew."""
+    found = (probe["aiter"] or {}).get("gfx90a_digest")
+    record = ((probe["state"] or {}).get("kernels") or {})
+    withheld = record.get("withheld") or {}
+    if found and withheld and record.get("digest") == found and not set(withheld) & set(keep_families):
+        return record.get("installed_digest")
+    return found
 
 
 def disk_space_problem(probe: dict[str, Any], archive_bytes: int, tree_bytes: int) -> str | None:

@@ -1,9 +1,11 @@
-"""Reading and checking this tool's data files (wheel matrix, patch sets, gfx90a-tree adaptations): YAML, and
-JSON Schema checks."""
+"""Reading and checking this tool's data files (wheel matrix, patch sets, gfx90a-tree adaptations, kernel
+families): YAML, and JSON Schema checks."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
+from importlib import resources
 from typing import Any
 
 import jsonschema
@@ -29,3 +31,15 @@ def first_violation(document: Any, schema: dict) -> str | None:
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(document),
                     key=lambda error: list(error.absolute_path))
     return f"{json_path(errors[0].absolute_path)}: {errors[0].message}" if errors else None
+
+
+def load_packaged(data_file: str, schema_file: str, error: type[Exception]) -> Any:
+    """``cdna2/data/<data_file>`` (YAML), validated against ``cdna2/schemas/<schema_file>``: the first violation is
+    raised as ``error("<file>: <JSON path>: <reason>")``."""
+    source = resources.files("cdna2").joinpath("data", data_file)
+    document = load_yaml(source.read_text())
+    violation = first_violation(document, json.loads(resources.files("cdna2").joinpath("schemas", schema_file)
+                                                     .read_text()))
+    if violation:
+        raise error(f"{source}: {violation}")
+    return document

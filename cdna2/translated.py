@@ -29,7 +29,7 @@ from cdna2.host.digests import file_sha256, git_hash_field, record_hash, tree_di
 from cdna2.kernels import Policy, cache_key, find_llvm
 from cdna2.kernels.hazard_rules import AUDIT_VERSION, VERDICTS
 from cdna2.host.state import write_file_atomically
-from cdna2.schema import first_violation, load_yaml
+from cdna2.schema import load_packaged
 
 ADAPTATIONS_FILE = "gfx90a-tree.yaml"
 MEMO_FORMAT = "2"  # the remembered tree's fields (2: code_changes); a memo of another format is made again
@@ -72,13 +72,7 @@ class TranslatedTree:
 @cache
 def load_adaptations() -> list[dict]:
     """cdna2/data/gfx90a-tree.yaml, validated against its schema at load."""
-    source = resources.files("cdna2").joinpath("data", ADAPTATIONS_FILE)
-    document = load_yaml(source.read_text())
-    schema = json.loads(resources.files("cdna2").joinpath("schemas", "gfx90a-tree-1.0.json").read_text())
-    violation = first_violation(document, schema)
-    if violation:
-        raise KernelSourceError(f"{source}: {violation}")
-    return document["adaptations"]
+    return load_packaged(ADAPTATIONS_FILE, "gfx90a-tree-1.0.json", KernelSourceError)["adaptations"]
 
 
 def adapt_tree(tree: Path, adaptations: list[dict]) -> list[dict]:

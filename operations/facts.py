@@ -88,21 +88,24 @@ class SmokeResult(FactBase[dict]):
     """
     Returns the on-host smoke test's JSON (cdna2/host/smoke.py), run from the installed agent in a fresh process:
     ``{"checks": [{"name", "kind", "status", "detail"}], "passed", "failed", "skipped", "wrong", "device",
-    "host_arch", "gpu_checks"}``. ``host_arch`` is the arch the host probe saw (None: no GPU); with
-    ``gpu_checks`` False the GPU checks are skipped.
+    "host_arch", "gpu_checks"}``, with ``families`` (each installed kernel family's verdict) and ``withhold``
+    (family -> why its code objects must leave hsa/gfx90a) when ``families`` are given. ``host_arch`` is the arch
+    the host probe saw (None: no GPU); with ``gpu_checks`` False the GPU checks are skipped.
 
     The smoke test exits 1 when a check failed; the fact still returns its JSON so the deploy can name the checks.
     """
 
     @override
     def command(self, target_python: str, state_dir: str, site_packages: str, expect_triton: str,
-                host_arch: str | None, gpu_checks: bool, no_gpu_reason: str | None = None) -> StringCommand:
+                host_arch: str | None, gpu_checks: bool, no_gpu_reason: str | None = None,
+                families: list[dict] | None = None, keep_families: list[str] = ()) -> StringCommand:
         no_gpu = ("--no-gpu", no_gpu_reason) if no_gpu_reason else ()
+        judged = ("--families", json.dumps(families, sort_keys=True)) if families is not None else ()
         return StringCommand(
             agent_command(target_python, state_dir, "smoke", "--site-packages", site_packages,
                           "--state-dir", state_dir, "--host-arch", host_arch or "none",
                           *([] if gpu_checks else ["--no-gpu-checks"]), *no_gpu, "--expect-triton", expect_triton,
-                          "--json"),
+                          *judged, *(arg for name in keep_families for arg in ("--keep-family", name)), "--json"),
             "|| true",
         )
 

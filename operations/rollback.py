@@ -108,11 +108,18 @@ def stock_files_verified(report: RunReport, packages: list[str], target_python: 
                 f" (the operator's own changes, left: {', '.join(others[:10])})" if others else ""))
             bad.extend(f"{package} {path}" for path in left)
             continue
+        if result["unproven"]:
+            lines.append(f"{package}: unproven, {result['unproven']}; reinstall {package}")
+            bad.append(f"{package} (nothing checked)")
+            continue
         differing = result["mismatched"] + result["missing"]
         lines.append(f"{package}: {result['checked'] - len(differing)}/{result['checked']} files match RECORD")
         bad.extend(f"{package} {path}" for path in differing)
-    report.step(host.name, "record", FAILED if bad else "ok", "; ".join(lines) or "no package installed")
+    # A package not installed has no file to be stock or not: named, so the line never reads as a check of it.
+    lines += [f"{package}: not installed, nothing to check" for package in packages
+              if package not in probe["record_check"]]
+    report.step(host.name, "record", FAILED if bad else "ok", "; ".join(lines))
     if bad:
-        yield fail_host_command(f"rollback: files differ from RECORD: {', '.join(bad[:10])}")
+        yield fail_host_command(f"rollback: files differ from RECORD or cannot be checked: {', '.join(bad[:10])}")
         return
     host.noop("; ".join(lines))

@@ -9,6 +9,8 @@ from typing import Any
 from pyinfra import host, state
 from pyinfra.api import operation
 
+from cdna2.families import host_families
+from cdna2.host.families import WITHHELD, verdict_line
 from cdna2.reports.run import FAILED, RunReport
 from cdna2.smoke_proof import proof_key, recorded_proof
 from operations.agent import agent_command
@@ -21,6 +23,18 @@ def reused_proof_summary(proof: dict) -> str:
     return f"{proof['summary']}, at {proof['at']} for this same state (nothing changed since)"
 
 
+def report_families(report: RunReport, host_name: str, families: dict | None) -> None:
+    """Each installed kernel family's verdict into the host's report row (JSON ``details.families``), and a note
+    naming the families kept without proof, on every run that has them."""
+    if families is None:
+        return
+    report.host(host_name).details["families"] = families
+    kept = [name for name, entry in families.items() if entry["verdict"] == "unproven" and "kept by" in entry["reason"]]
+    if kept:
+        report.host(host_name).notes.append(f"kernel families kept without proof (smoke_keep_unproven_families): "
+                                            f"{', '.join(kept)}")
+
+
 def changed_this_run() -> bool:
     """Whether an earlier operation of this run changed the current host (read at execute time)."""
     return any(data.operation_meta.is_complete() and data.operation_meta.did_change()
@@ -30,7 +44,8 @@ def changed_this_run() -> bool:
 @operation()
 def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dict | None, site_packages: str,
                  target_python: str, state_dir: str, host_arch: str | None, gpu_checks: bool = True,
-                 expect_triton: str = "3.7.1", no_gpu_reason: str | None = None):
+                 expect_triton: str = "3.7.1", no_gpu_reason: str | None = None, hsa_root: str | None = None,
+                 keep_families: list[str] = ()):
     """
     Prove the host's provisioned state with the on-host smoke test, record every check, fail on any failure.
 
@@ -44,6 +59,13 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     + gpu_checks: run the GPU checks (off only for hosts whose GPU is a stand-in, such as the lab's)
     + expect_triton: the triton version the host must have
     + no_gpu_reason: why no GPU can exist on the target (an image build): the GPU checks are skipped with it
+    + hsa_root: AITER's ``hsa`` directory on the host (where families are withheld from ``gfx90a``)
+    + keep_families: kernel families to keep although no GPU check proves them (host data)
+
+    Kernel families:
+        each installed family (cdna2/data/kernel-families.yaml) gets a verdict: proven, withheld or unproven, with
+        the reason. Where the GPU checks ran, the families to withhold leave ``hsa/gfx90a`` in one atomic swap
+        (``cdna2.host.families withhold``); a failed check of a family withheld so does not fail the host.
 
     Once per state:
         the test runs when this run changed the host, or when no pass is recorded for the state it leaves there;
@@ -66,13 +88,21 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     proof = recorded_proof(deployed, gpu_checks, current_state)
     if not changed_this_run() and proof:
         report.step(host.name, "smoke", "ok", reused_proof_summary(proof))
+        report_families(report, host.name, proof.get("families"))
         host.noop(f"smoke passed at {proof['at']} for this same state; nothing changed since")
         return
+    families = host_families()
     result = host.get_fact(SmokeResult, target_python=target_python, state_dir=state_dir,
                            site_packages=site_packages, expect_triton=expect_triton, host_arch=host_arch,
-                           gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason)
-    bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")]
-    gpu_skips = [check for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"]
+                           gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason, families=families,
+                           keep_families=list(keep_families))
+    # A check of a family withheld for it is answered by the withholding: AITER no longer holds that family's kernels.
+    answered = {check for name, entry in result.get("families", {}).items() if entry["verdict"] == WITHHELD
+                for check in entry["checks"]}
+    bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")
+           and check["name"] not in answered]
+    gpu_skips = [check for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"
+                 and check["name"] not in answered]
     if host_arch == "gfx90a" and gpu_checks:  # on a gfx90a host only a GPU check that ran can be part of a pass
         bad += [dict(check, status="failed", detail=f"skipped on a host probed as gfx90a: {check['detail']}")
                 for check in gpu_skips]
@@ -80,12 +110,19 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                f"{result['skipped']} skipped")
     if gpu_skips:
         summary += f" (GPU checks {gpu_skips[0]['detail']})"
+    summary += f"; {verdict_line(result.get('families', {}))}"
     report.step(host.name, "smoke", FAILED if bad else "ok", summary)
     report.host(host.name).details["smoke"] = result
+    report_families(report, host.name, result.get("families"))
     if bad:
         yield fail_host_command("smoke: " + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
         return
+    if result.get("withhold"):
+        yield agent_command(target_python, state_dir, "families", "withhold", "--site-packages", site_packages,
+                            "--hsa-root", hsa_root, "--state-dir", state_dir,
+                            "--families", json.dumps(families, sort_keys=True),
+                            "--reasons", json.dumps(result["withhold"], sort_keys=True))
     passed = {"proves": proof_key(deployed, gpu_checks), "summary": summary,
-              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "families": result.get("families", {})}
     yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
                         json.dumps(passed, sort_keys=True))

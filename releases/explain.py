@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from cdna2.cache import cache_root
+from cdna2.families import host_families
+from cdna2.host.families import family_of
 from cdna2.patches.catalog import load_catalog
 from lab import torchvenv
 from releases import gates
@@ -210,9 +212,35 @@ def render(explanation: dict, target: dict) -> str:
         lines.append("  provisioned code objects reached:")
         lines += [f"    {entry['kernel']}: {entry['code_objects']} ({entry['when']})"
                   for entry in explanation["code_objects"]]
+        lines += [f"    family {family['family']}: {family['judged']}" for family in explanation.get("families", ())]
     else:
         lines.append("  provisioned code objects reached: none (no AITER ASM kernel on this model's path)")
     return "\n".join(lines)
+
+
+def reached_families(explanation: dict, verdicts: dict | None) -> list[dict]:
+    """The kernel family of each provisioned code object the model reaches (cdna2/data/kernel-families.yaml), with
+    the GPU checks proving it and, for a host (``verdicts``: its deploy report's ``details.families``), its verdict
+    there: a family withheld on the host is not there to run, AITER takes its fallback or fails to load it."""
+    found = []
+    for entry in explanation["code_objects"]:
+        head, _, relpath = entry["code_objects"].partition(f"hsa/{explanation['arch']}/")
+        if head or not relpath:
+            continue  # a JIT module, not an hsa code object
+        name = family_of(relpath, host_families())
+        if name in (family["family"] for family in found):
+            continue
+        checks = next((family["checks"] for family in host_families() if family["name"] == name), [])
+        proof = f"GPU checks {', '.join(checks)}" if checks else "no GPU check"
+        if verdicts is None:
+            judged = f"proven on a host by {proof}; the host's verdict is in its deploy report (details.families)"
+        elif name not in verdicts:
+            judged = f"not judged on this host (no smoke verdict recorded for it): unproven; proven by {proof}"
+        else:
+            judged = f"{verdicts[name]['verdict']} on this host: {verdicts[name]['reason']}"
+        found.append({"family": name, "checks": checks, "verdict": (verdicts or {}).get(name, {}).get("verdict"),
+                      "judged": judged})
+    return found
 
 
 def host_target(report_path: Path, host: str) -> dict[str, Any]:
@@ -240,7 +268,8 @@ def host_target(report_path: Path, host: str) -> dict[str, Any]:
     sets = plan["sets"] if plan and plan["status"] in ("apply", "patched") else []
     return {"label": f"{host} ({row.get('arch')}, vLLM {version}, {report.get('mode')} report {report_path} of "
                      f"{report.get('started')}; patch sets: {', '.join(sets) or 'none'})",
-            "arch": row.get("arch"), "version": version, "sets": sets}
+            "arch": row.get("arch"), "version": version, "sets": sets,
+            "families": (row.get("details") or {}).get("families")}
 
 
 def explain(config: dict, model: str, version: str, arch: str, sets: list[str], environment: dict[str, str],
@@ -297,6 +326,7 @@ def command(args) -> int:
     except (ExplainError, OSError, ValueError) as error:
         print(f"explain: {error}", file=sys.stderr)
         return 1
+    explanation["families"] = reached_families(explanation, target.get("families") if args.host else None)
     explanation["target"] = target
     print(json.dumps(explanation, indent=1, sort_keys=True) if args.json else render(explanation, target))
     return 0

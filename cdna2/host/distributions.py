@@ -200,6 +200,10 @@ def read_records(distributions: dict, errors: list[str], packages: Collection[st
         if dist is None or (packages is not None and package not in packages):
             continue
         record = os.path.join(dist["metadata_dir"], "RECORD")
+        if dist["metadata_dir"].endswith(".dist-info") and not os.path.exists(record):
+            # pip writes RECORD last: an install cut short. Nothing of it can be checked, which is not "all match".
+            errors.append(f"{dist['name']} has no RECORD in {dist['metadata_dir']} (an install cut short): none of "
+                          f"its files can be checked; reinstall it")
         try:
             # Bytes, then decoded: no newline translation over a RECORD of megabytes.
             records[package] = read_bytes(record).decode("utf-8") if os.path.exists(record) else ""
@@ -324,7 +328,9 @@ NOT_IN_RECORD = ("/hsa/gfx90a/", "/hsa/.gfx90a.previous/")
 
 
 def record_mismatches(location: str | os.PathLike, record_text: str, skip_paths: Collection[str] = ()) -> dict:
-    """Compare every file a RECORD lists with the disk: how many were checked, which differ or are gone.
+    """Compare every file a RECORD lists with the disk: how many were checked, which differ or are gone, and
+    ``unproven``: why nothing was checked (a RECORD missing, unreadable or empty), else None; zero files checked is
+    no proof that the package is stock.
 
     Not checked: bytecode, console scripts outside site-packages (``../../bin/vllm``: pip writes them per
     interpreter, ``pip install --target`` elsewhere), our own kernel trees, and ``skip_paths``.
@@ -341,4 +347,6 @@ def record_mismatches(location: str | os.PathLike, record_text: str, skip_paths:
             missing.append(path)
         elif record_hash(read_bytes(target)) != hash_field:
             mismatched.append(path)
-    return {"checked": checked, "mismatched": mismatched, "missing": missing}
+    unproven = None if checked else (f"no file of {location} checked: its RECORD is missing, unreadable or lists "
+                                     f"no file with a hash")
+    return {"checked": checked, "mismatched": mismatched, "missing": missing, "unproven": unproven}

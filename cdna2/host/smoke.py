@@ -2,7 +2,8 @@
 
     PYTHONPATH=<state_dir>/agent <target_python> -B -m cdna2.host.smoke --site-packages DIR --state-dir DIR \\
         --host-arch ARCH|none [--no-gpu-checks] [--expect-triton 3.7.1] [--timeout SECONDS] \\
-        [--device-timeout SECONDS] [--warmup-timeout SECONDS] [--case-timeout SECONDS] [--json]
+        [--device-timeout SECONDS] [--warmup-timeout SECONDS] [--case-timeout SECONDS] [--families JSON] \\
+        [--keep-family NAME ...] [--json]
 
 Static checks always run (smoke_static.py): the gfx90a tree is present and is the one the deploy installed, every
 code object in it says gfx90a, no manifest row names a missing kernel, the patch transactions are applied, every
@@ -13,6 +14,12 @@ the gfx90a tree, no JIT lock is orphaned, ``import aiter`` works where torch is 
 gfx90a host). GPU checks run ``cdna2.host.smoke_gpu`` in child processes on a host the probe saw as gfx90a
 (``--host-arch``): a GPU that cannot be used there fails them, with the reason; they are "skipped" only on a host
 with no GPU or another arch, or with ``--no-gpu-checks``, never "passed".
+
+With ``--families`` (the deploy passes cdna2/data/kernel-families.yaml), each installed kernel family gets a verdict
+(cdna2/host/families.py): proven when its GPU checks passed; withheld when one failed or none proves it, where the GPU
+checks ran (``withhold`` names those still in the tree: the deploy removes them); unproven, with the reason, where
+they did not run or ``--keep-family`` keeps it. The checks of a family withheld earlier are skipped: its kernels are
+gone.
 
 Each GPU child runs isolated (``python -I``: no working directory, PYTHONPATH or user site on its path) from the
 state directory, in a session of its own (gpu_run.py); when it ends, or at its time limit, whatever is left of its
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.host import smoke_gpu
+from cdna2.host.families import WITHHELD, installed_families, judge, verdict_line
 from cdna2.host.gpu_run import GpuLimits, GpuRun, gpu_child, load_lines, proven_loads, provenance_problem
 from cdna2.host.smoke_static import (FAILED, GPU, PASSED, SKIPPED, WRONG, named, read_host, result, searched_first,
                                      static_checks)
@@ -67,6 +75,14 @@ GPU_CHECKS = (
     # The sliding-window path is CK, not ASM, in every AITER we know; the guard is its result, not a load line.
     # It is AITER's own entry; vLLM's ROCM_AITER_FA is kept off sliding-window models by vllm-attention-gate's
     # sliding-window-guard site, proven by `python -m releases gates`, not here.
+    # The families AITER reaches beyond attention (cdna2/data/kernel-families.yaml): each by the entry that loads
+    # it on gfx90a, with a shape the installed kernels serve.
+    GpuCheck("mla_decode_bf16_gqa16", "mla_decode", r"^mla/", "MLA decode bf16, 16 heads on one latent KV head"),
+    GpuCheck("topksoftmax_asm", "topksoftmax_asm", r"^topksoftmax/", "topk_softmax_asm fp32, 128 experts, top 8"),
+    GpuCheck("fmoe_g1u0_fp16", "fmoe_g1u0_fp16", r"^fmoe_f16\.co$", "fused MoE fp16 g1u0 SiLU, 8 experts, top 2"),
+    GpuCheck("bf16gemm_asm", "bf16gemm_asm", r"^bf16gemm/", "gemm_a16w16_asm bf16 -> fp32, 150x256x5120"),
+    GpuCheck("layernorm2d_with_add_asm", "layernorm2d_with_add_asm", r"^layer_norm\.co$",
+             "layernorm2d_with_add_asm bf16, 8192 wide"),
     GpuCheck("sliding_window_attention", "sliding_window", None,
              "sliding-window varlen attention (window 256) through AITER's flash_attn_varlen_func (CK), AITER's own "
              "path; vLLM serves no sliding-window model with ROCM_AITER_FA on gfx90a (its guard)"),
@@ -102,10 +118,11 @@ def judge_gpu_case(check: GpuCheck, report: dict, run: GpuRun) -> dict:
     loads = load_lines(report.get("captured", ""))
     loaded = f"; loaded {named(sorted({load['path'] for load in loads}))}" if loads else ""
     if not smoke_gpu.passes(report):
+        bounds = smoke_gpu.bounds_of(report)
         return result(check.name, GPU, WRONG, f"WRONG: {check.what} differs from the torch reference ({figures}; "
-                                              f"needs every element within {smoke_gpu.ATOL:.2e} * max|v| + "
-                                              f"{smoke_gpu.RTOL:.2e} * |ref| and every row within "
-                                              f"{smoke_gpu.ROW_REL_RMS_LIMIT:.2e}){loaded}{cleanup}")
+                                              f"needs every element within {bounds['atol']:.2e} * max|v| + "
+                                              f"{bounds['rtol']:.2e} * |ref| and every row within "
+                                              f"{bounds['row_limit']:.2e}){loaded}{cleanup}")
     if check.proof is None:
         return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}){loaded}{cleanup}")
     proof = proven_loads(loads, run.tree, check.proof)
@@ -118,53 +135,77 @@ def judge_gpu_case(check: GpuCheck, report: dict, run: GpuRun) -> dict:
                                            f"{named(proof)}{cleanup}")
 
 
-def gpu_checks(host_arch: str | None, run: GpuRun | None,
-               no_gpu_reason: str | None = None) -> tuple[list[dict], dict | None]:
-    """Every GPU check and the device seen.
+def gpu_checks(host_arch: str | None, run: GpuRun | None, no_gpu_reason: str | None = None,
+               withheld: dict[str, str] | None = None) -> tuple[list[dict], dict | None, str | None]:
+    """Every GPU check, the device seen, and why the checks did not run (None when they did).
+
+    ``withheld``: check name -> why its family is withheld on this host already (its kernels are gone): skipped.
 
     Skipped only where they cannot apply: no GPU can exist (``no_gpu_reason``: an image built where the probe found
     none and the arch came from data), the checks are off for this host (``run`` None), or the host probe found
     no GPU or one of another arch. On a host the probe saw as gfx90a, a GPU that cannot be used (a crashed, hung
     or deviceless probe, torch or AITER missing) fails every check with the reason.
     """
+    def skipped(why: str) -> tuple[list[dict], None, str]:
+        return [result(check.name, GPU, SKIPPED, f"skipped: {why}") for check in GPU_CHECKS], None, why
+
     if no_gpu_reason:
-        return [result(check.name, GPU, SKIPPED, f"skipped: {no_gpu_reason}") for check in GPU_CHECKS], None
+        return skipped(no_gpu_reason)
     if run is None:
-        return [result(check.name, GPU, SKIPPED, "skipped: GPU checks are off for this host (smoke_gpu_checks)")
-                for check in GPU_CHECKS], None
+        return skipped("GPU checks are off for this host (smoke_gpu_checks)")
     if host_arch != GPU_ARCH:
-        why = f"the host probe saw {host_arch}, these checks are for {GPU_ARCH}" if host_arch else \
-            "the host probe found no GPU"
-        return [result(check.name, GPU, SKIPPED, f"skipped: {why}") for check in GPU_CHECKS], None
+        return skipped(f"the host probe saw {host_arch}, these checks are for {GPU_ARCH}" if host_arch
+                       else "the host probe found no GPU")
+    withheld = withheld or {}
+    checks = [check for check in GPU_CHECKS if check.name not in withheld]
     probe_report = gpu_child(["device"], run, run.limits.device)
     reason = probe_report.get("error") or probe_report.get("reason")
     if reason:
-        return [result(check.name, GPU, FAILED, f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}")
-                for check in GPU_CHECKS], probe_report.get("device")
-    warmup = gpu_child(["warmup", *(check.case for check in GPU_CHECKS)], run, run.limits.warmup)
+        why = f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}"
+        return [result(check.name, GPU, FAILED, why) for check in GPU_CHECKS], probe_report.get("device"), why
+    warmup = gpu_child(["warmup", *(check.case for check in checks)], run, run.limits.warmup)
     if warmup.get("timed_out"):
-        return [result(check.name, GPU, FAILED, f"{check.what}: the warm-up (AITER's JIT builds and first loads) "
-                                                f"{warmup['error']}") for check in GPU_CHECKS], probe_report["device"]
-    return [judge_gpu_case(check, gpu_child(["run", check.case], run, run.limits.case), run)
-            for check in GPU_CHECKS], probe_report["device"]
+        why = f"the warm-up (AITER's JIT builds and first loads) {warmup['error']}"
+        return [result(check.name, GPU, FAILED, f"{check.what}: {why}") for check in GPU_CHECKS], \
+            probe_report["device"], why
+    ran = {check.name: judge_gpu_case(check, gpu_child(["run", check.case], run, run.limits.case), run)
+           for check in checks}
+    return [ran.get(check.name) or result(check.name, GPU, SKIPPED, f"skipped: {withheld[check.name]}")
+            for check in GPU_CHECKS], probe_report["device"], None
 
 
 # --- the run ------------------------------------------------------------------------------------------------------
 
 def run_smoke(site_packages: Path, state_dir: Path, host_arch: str | None, expected_triton: str = DEFAULT_TRITON,
               timeout: float = 1800.0, limits: GpuLimits | None = GpuLimits(),
-              no_gpu_reason: str | None = None) -> dict:
+              no_gpu_reason: str | None = None, families: list[dict] | None = None,
+              keep: list[str] = ()) -> dict:
     """Every check; ``limits`` None turns the GPU checks off, ``no_gpu_reason`` says why none can exist (an image
-    built without a GPU): either way the report says so."""
+    built without a GPU): either way the report says so.
+
+    ``families`` (cdna2/data/kernel-families.yaml): each installed family's verdict goes into the report
+    (``families``), and ``withhold`` names those whose code objects must now leave hsa/gfx90a (the deploy does
+    that, cdna2/host/families.py); ``keep``: families with no check the host data keeps."""
     gpu_required = host_arch == GPU_ARCH and limits is not None and not no_gpu_reason
     with searched_first(site_packages):
         view = read_host(site_packages, state_dir)
         checks = static_checks(view, expected_triton, timeout, gpu_required)
+    withheld_before = ((view.tool_state or {}).get("kernels") or {}).get("withheld") or {}
+    skip = {check: f"its family {family['name']} is withheld on this host: {withheld_before[family['name']]['reason']}"
+            for family in families or () if family["name"] in withheld_before for check in family["checks"]}
     run = GpuRun(state_dir, site_packages, view.gfx90a_tree, limits) if limits is not None else None
-    gpu, device = gpu_checks(host_arch, run, no_gpu_reason)
+    gpu, device, not_run = gpu_checks(host_arch, run, no_gpu_reason, skip)
     checks.extend(gpu)
     counts = {status: sum(check["status"] == status for check in checks) for status in (PASSED, FAILED, SKIPPED, WRONG)}
-    return {"checks": checks, **counts, "device": device, "host_arch": host_arch, "gpu_checks": run is not None}
+    report = {"checks": checks, **counts, "device": device, "host_arch": host_arch, "gpu_checks": run is not None}
+    if families is not None:
+        tree = view.gfx90a_tree
+        installed = installed_families(tree, families) if tree is not None and tree.is_dir() else {}
+        verdicts = judge(installed, gpu, families, list(keep), not_run, withheld_before)
+        report["families"] = verdicts
+        report["withhold"] = {name: entry["reason"] for name, entry in verdicts.items()
+                              if entry["verdict"] == WITHHELD and name in installed}
+    return report
 
 
 def summary_lines(report: dict) -> list[str]:
@@ -172,6 +213,10 @@ def summary_lines(report: dict) -> list[str]:
              for check in report["checks"]]
     lines.append(f"smoke: {report[PASSED]} passed, {report[FAILED]} failed, {report[WRONG]} wrong, "
                  f"{report[SKIPPED]} skipped")
+    lines += [f"smoke: family {name} {entry['verdict']}: {entry['reason']}"
+              for name, entry in report.get("families", {}).items()]
+    if "families" in report:
+        lines.append(f"smoke: {verdict_line(report['families'])}")
     return lines
 
 
@@ -194,11 +239,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for each GPU case after the warm-up (%(default)g)")
     parser.add_argument("--no-gpu", metavar="REASON",
                         help="no GPU can exist here (an image build): skip every GPU check with this reason")
+    parser.add_argument("--families", metavar="JSON",
+                        help="the kernel families (name, kernels, checks, no_check) to judge: each installed "
+                             "family's verdict, and which to withhold")
+    parser.add_argument("--keep-family", action="append", default=[], metavar="NAME",
+                        help="keep this family although no GPU check proves it (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on one line (for the deploy)")
     args = parser.parse_args(argv)
     limits = None if args.no_gpu_checks else GpuLimits(args.device_timeout, args.warmup_timeout, args.case_timeout)
     report = run_smoke(args.site_packages, args.state_dir, None if args.host_arch == "none" else args.host_arch,
-                       args.expect_triton, args.timeout, limits, args.no_gpu)
+                       args.expect_triton, args.timeout, limits, args.no_gpu,
+                       json.loads(args.families) if args.families else None, args.keep_family)
     print(json.dumps(report, sort_keys=True) if args.json else json.dumps(report, indent=2, sort_keys=True))
     print("\n".join(summary_lines(report)), file=sys.stderr)
     return 1 if report[FAILED] or report[WRONG] else 0

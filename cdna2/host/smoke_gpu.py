@@ -1,4 +1,4 @@
-"""The GPU half of the smoke test: runs AITER's ASM attention kernels against a torch reference, one case per process.
+"""The GPU half of the smoke test: runs AITER's ASM kernels against a torch reference, one case per process.
 
 Started by ``cdna2.host.smoke`` as a child (``python -I -c <bootstrap> device|warmup|run CASE``), never imported
 by it for torch: torch and aiter are imported here, inside functions, and only in this child, so a host without
@@ -137,18 +137,31 @@ def provenance() -> dict:
 
 # --- comparison with the reference -------------------------------------------------------------------------------
 
-def compare(reference, result, value_max: float) -> dict:
+# Bounds of the cases whose output is not bf16 attention, by what a correct kernel's arithmetic may add (U: unit
+# roundoff of the output or intermediate dtype). fp16 MoE (U = 2**-11): the activations are rounded to fp16 between
+# the two GEMMs, U/2 of each, which the second GEMM sums over inter_dim terms of either sign: ATOL 4U of max|ref|.
+# fp32 results (GEMM accumulation, softmax): a correct fp32 sum of K products is off by about sqrt(K) * 2**-24 of
+# sum |a||b| (the GEMM's value_max), well inside ATOL 2**-16; rows within 2**-16 too.
+FP16_UNIT_ROUNDOFF, FP32_UNIT_ROUNDOFF = 2.0 ** -11, 2.0 ** -24
+BF16_BOUNDS = {"atol": ATOL, "rtol": RTOL, "row_limit": ROW_REL_RMS_LIMIT}
+FP16_MOE_BOUNDS = {"atol": 4 * FP16_UNIT_ROUNDOFF, "rtol": 2 * FP16_UNIT_ROUNDOFF, "row_limit": 4 * FP16_UNIT_ROUNDOFF}
+FP32_BOUNDS = {"atol": 2.0 ** -16, "rtol": 2.0 ** -16, "row_limit": 2.0 ** -16}
+
+
+def compare(reference, result, value_max: float, bounds: dict | None = None) -> dict:
     """The pass rule's figures for ``result`` against ``reference`` (rows along the last dimension).
 
-    ``bad_elements`` counts elements outside ATOL * value_max + RTOL * |ref| (NaN counts: never written),
-    ``worst_row_rel_rms`` is the largest rms(got - ref) / rms(ref) over rows, ``rel_rms`` the same over everything,
-    ``first_bad_element`` the first element outside its bound (when there is one).
+    ``bad_elements`` counts elements outside atol * value_max + rtol * |ref| (NaN counts: never written; ``bounds``,
+    default the bf16 attention ones: ATOL, RTOL, ROW_REL_RMS_LIMIT), ``worst_row_rel_rms`` is the largest
+    rms(got - ref) / rms(ref) over rows, ``rel_rms`` the same over everything, ``first_bad_element`` the first
+    element outside its bound (when there is one); ``bounds`` are returned with them.
     """
     torch = importlib.import_module("torch")
+    bounds = bounds or BF16_BOUNDS
     expected = reference.float().reshape(-1, reference.shape[-1])
     got = result.float().reshape(-1, result.shape[-1])
     error = got - expected
-    within = error.abs() <= ATOL * value_max + RTOL * expected.abs()  # False for NaN
+    within = error.abs() <= bounds["atol"] * value_max + bounds["rtol"] * expected.abs()  # False for NaN
     rows = (error ** 2).mean(dim=1).sqrt() / (expected ** 2).mean(dim=1).sqrt().clamp_min(1e-30)
     rows = torch.where(torch.isfinite(rows), rows, torch.full_like(rows, math.inf))
     worst_row = int(rows.argmax())
@@ -156,7 +169,7 @@ def compare(reference, result, value_max: float) -> dict:
     rel_rms = float((error ** 2).mean().sqrt()) / max(float((expected ** 2).mean().sqrt()), 1e-30)
     figures = {"elements": within.numel(), "bad_elements": int((~within).sum()),
                "unwritten": int(torch.isnan(got).sum()), "worst_row_rel_rms": float(rows[worst_row]),
-               "worst_row": worst_row, "rel_rms": rel_rms if math.isfinite(rel_rms) else None}
+               "worst_row": worst_row, "rel_rms": rel_rms if math.isfinite(rel_rms) else None, "bounds": bounds}
     if first_bad is not None:
         flat_got, flat_expected = got.reshape(-1), expected.reshape(-1)
         figures["first_bad_element"] = {"index": first_bad, "got": float(flat_got[first_bad]),
@@ -166,7 +179,26 @@ def compare(reference, result, value_max: float) -> dict:
 
 def passes(figures: dict) -> bool:
     """The pass rule: every element within its bound and every row's relative RMS error within the limit."""
-    return figures["bad_elements"] == 0 and figures["worst_row_rel_rms"] <= ROW_REL_RMS_LIMIT
+    return figures["bad_elements"] == 0 and figures["worst_row_rel_rms"] <= bounds_of(figures)["row_limit"]
+
+
+def bounds_of(figures: dict) -> dict:
+    """The bounds the figures were judged against (compare's default: bf16 attention's)."""
+    return figures.get("bounds") or BF16_BOUNDS
+
+
+def merged(*parts: dict) -> dict:
+    """The figures of several outputs of one call judged together, each part against its own bounds: counts summed,
+    the worst row (relative to its part's limit) with that part's bounds, the first bad element of the first part
+    that has one."""
+    worst = max(parts, key=lambda part: part["worst_row_rel_rms"] / bounds_of(part)["row_limit"])
+    first_bad = next((part for part in parts if part["bad_elements"]), None)
+    figures = {**worst, "elements": sum(p["elements"] for p in parts),
+               "bad_elements": sum(p["bad_elements"] for p in parts), "unwritten": sum(p["unwritten"] for p in parts)}
+    figures.pop("first_bad_element", None)
+    if first_bad is not None:
+        figures["first_bad_element"] = first_bad["first_bad_element"]
+    return figures
 
 
 def _synchronize(torch) -> None:
@@ -380,6 +412,160 @@ def pa_fwd_asm() -> dict:
             "elapsed_ms": _timed(lambda: inputs.pa_fwd_asm(aiter, _nan(torch, inputs.out_shape())), torch)}
 
 
+def _filled_nan(torch, shape: tuple[int, ...], dtype) -> object:
+    return torch.full(shape, math.nan, dtype=dtype, device=DEVICE)
+
+
+def mla_decode() -> dict:
+    """MLA decode through ``aiter.mla.mla_decode_fwd``, the entry vLLM's ROCM_AITER_MLA backend calls: bf16, 16
+    query heads on one latent KV head (DeepSeek's 576 = 512 + 64 rope, values the first 512), one query per sequence,
+    page size 1, pages in a shuffled order, context lengths from 1 to 600 (the installed bf16 kernels:
+    ``mla/mla_dec_stage1_bf16_a16w16_subQ16_mqa16.co`` for this shape)."""
+    torch, mla = importlib.import_module("torch"), importlib.import_module("aiter.mla")
+    generator = torch.Generator().manual_seed(SEED)
+    context, heads, dim, v_dim = [1, 37, 200, 600], 16, 576, 512
+    q = _uniform(torch, (len(context), heads, dim), generator)
+    kv = _uniform(torch, (sum(context), 1, 1, dim), generator)
+    pages = torch.randperm(sum(context), generator=torch.Generator().manual_seed(SEED)).to(torch.int32)
+    indptr = [0]
+    for length in context:
+        indptr.append(indptr[-1] + length)
+    kv_indptr = torch.tensor(indptr, dtype=torch.int32, device=DEVICE)
+    qo_indptr = torch.arange(len(context) + 1, dtype=torch.int32, device=DEVICE)
+    kv_indices, last_page = pages.to(DEVICE), torch.ones(len(context), dtype=torch.int32, device=DEVICE)
+    scale = dim ** -0.5
+    reference = torch.empty(len(context), heads, v_dim, dtype=torch.float32, device=DEVICE)
+    for seq in range(len(context)):
+        keys = kv[kv_indices[indptr[seq]:indptr[seq + 1]].long(), 0, 0].float()
+        scores = q[seq].float() @ keys.T * scale
+        reference[seq] = scores.softmax(dim=-1) @ keys[:, :v_dim]
+
+    def call(out):
+        mla.mla_decode_fwd(q, kv, out, qo_indptr, kv_indptr, kv_indices, last_page, 1, sm_scale=scale)
+        return out
+
+    prefilled_out = _nan(torch, (len(context), heads, v_dim))
+    out = call(prefilled_out)
+    _synchronize(torch)
+    figures = compare(reference, out, float(kv[..., :v_dim].abs().max()))
+    return {**figures, "prefilled": _same_memory(out, prefilled_out),
+            "elapsed_ms": _timed(lambda: call(_nan(torch, (len(context), heads, v_dim))), torch)}
+
+
+def topksoftmax_asm() -> dict:
+    """MoE routing through ``aiter.topk_softmax_asm``: fp32 gating over 128 experts, top 8, renormalised, 97
+    tokens (not a multiple of the kernels' 4 or 12 rows: a partial last tile). The weights are held to fp32's
+    bounds, the expert ids must be exactly torch's (an id off is an element outside any bound)."""
+    torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
+    generator = torch.Generator().manual_seed(SEED)
+    tokens, experts, topk = 97, 128, 8
+    gating = torch.empty(tokens, experts, dtype=torch.float32).uniform_(-4.0, 4.0, generator=generator).to(DEVICE)
+    expected_weights, expected_ids = gating.softmax(dim=-1).topk(topk, dim=-1)
+    expected_weights = expected_weights / expected_weights.sum(dim=-1, keepdim=True)
+
+    def call(weights, ids):
+        aiter.topk_softmax_asm(weights, ids, torch.empty_like(ids), gating, True)
+        return weights, ids
+
+    weights, ids = call(_filled_nan(torch, (tokens, topk), torch.float32),
+                        torch.full((tokens, topk), -1, dtype=torch.int32, device=DEVICE))
+    _synchronize(torch)
+    # The kernel's order within a row may differ from torch's: both sorted by expert id before comparing.
+    ids_sorted, order = ids.long().sort(dim=-1)
+    expected_sorted, expected_order = expected_ids.sort(dim=-1)
+    figures = merged(compare(expected_weights.gather(1, expected_order), weights.gather(1, order), 1.0, FP32_BOUNDS),
+                     compare(expected_sorted.float(), ids_sorted.float(), 0.0, {**FP32_BOUNDS, "atol": 0.0}))
+    # Both outputs are this case's own buffers, NaN and -1 before the call: an element never written fails.
+    return {**figures, "prefilled": True, "elapsed_ms": _timed(lambda: call(
+        _filled_nan(torch, (tokens, topk), torch.float32), torch.empty(tokens, topk, dtype=torch.int32,
+                                                                       device=DEVICE)), torch)}
+
+
+def fmoe_g1u0_fp16() -> dict:
+    """Fused MoE experts through AITER's ``asm_moe`` (``aiter.fmoe``, ``fmoe_f16.co``): fp16 tokens, 8 experts of a
+    gate-only (g1u0) SiLU MLP, top 2 of seeded random routing, 517 tokens (not a multiple of the 32-row blocks; the
+    output, 1 MiB, comes from the caching allocator's large pool, where the NaN-filled blocks wait), model dim 1024,
+    inter dim 512, the weights shuffled as AITER's own test passes them; against AITER's torch reference in fp32."""
+    torch = importlib.import_module("torch")
+    asm_moe = importlib.import_module("aiter.fused_moe_bf16_asm").asm_moe
+    shuffle_weight = importlib.import_module("aiter.ops.shuffle").shuffle_weight
+    generator = torch.Generator().manual_seed(SEED)
+    tokens, experts, topk, dim, inter = 517, 8, 2, 1024, 512
+
+    def uniform(shape, scale):
+        return (torch.empty(shape, dtype=torch.float32).uniform_(-1.0, 1.0, generator=generator) * scale).to(
+            torch.float16).to(DEVICE)
+
+    hidden = uniform((tokens, dim), 1.0)
+    w1, w2 = uniform((experts, inter, dim), dim ** -0.5), uniform((experts, dim, inter), inter ** -0.5)
+    scores = torch.empty(tokens, experts).uniform_(0.0, 1.0, generator=generator).to(DEVICE)
+    topk_weights, topk_ids = scores.softmax(dim=-1).topk(topk, dim=-1)
+    topk_ids = topk_ids.to(torch.int32)
+    reference = torch.zeros(tokens, dim, dtype=torch.float32, device=DEVICE)
+    for slot in range(topk):
+        for expert in range(experts):
+            rows = topk_ids[:, slot] == expert
+            if bool(rows.any()):
+                act = torch.nn.functional.silu(hidden[rows].float() @ w1[expert].float().T)
+                reference[rows] += (act @ w2[expert].float().T) * topk_weights[rows, slot:slot + 1]
+    w1b, w2b = shuffle_weight(w1), shuffle_weight(w2)
+
+    def call():
+        return asm_moe(hidden, w1b, w2b, topk_weights, topk_ids)
+
+    with nan_pool(torch, (tokens, dim)) as ranges:  # AITER allocates the output (moe_buf) itself
+        out = call()
+    _synchronize(torch)
+    figures = compare(reference, out, float(reference.abs().max()), FP16_MOE_BOUNDS)
+    return {**figures, "prefilled": in_nan_pool(out, ranges), "elapsed_ms": _timed(call, torch)}
+
+
+def bf16gemm_asm() -> dict:
+    """bf16 GEMM with fp32 output through ``aiter.gemm_a16w16_asm`` (``bf16gemm/bf16gemm_outf32_tn_*.co``):
+    M 150 (a partial last tile for every installed tile height), N 256, K 5120, the B operand [N, K] unshuffled, as
+    AITER's own test calls it (K and N multiples of 64)."""
+    torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
+    generator = torch.Generator().manual_seed(SEED)
+    m, n, k = 150, 256, 5120
+    a, b = _uniform(torch, (m, k), generator), _uniform(torch, (n, k), generator)
+    reference = a.float() @ b.float().T
+    magnitude = float((a.float().abs() @ b.float().abs().T).max())  # sum |a||b|: what fp32 accumulation scales with
+
+    def call(out):
+        return aiter.gemm_a16w16_asm(a, b, out)
+
+    prefilled_out = _filled_nan(torch, (m, n), torch.float32)
+    out = call(prefilled_out)
+    _synchronize(torch)
+    figures = compare(reference, out, magnitude, FP32_BOUNDS)
+    return {**figures, "prefilled": _same_memory(out, prefilled_out),
+            "elapsed_ms": _timed(lambda: call(_filled_nan(torch, (m, n), torch.float32)), torch)}
+
+
+def layernorm2d_with_add_asm() -> dict:
+    """Residual add and LayerNorm through ``aiter.layernorm2d_with_add_asm`` (``layer_norm.co``): bf16, 67 rows of
+    8192 (AITER's own test's width), both outputs (the normalised rows and the residual sum) held to bf16's bounds."""
+    torch, aiter = importlib.import_module("torch"), importlib.import_module("aiter")
+    generator = torch.Generator().manual_seed(SEED)
+    rows, width, eps = 67, 8192, 1e-5
+    x, residual = _uniform(torch, (rows, width), generator), _uniform(torch, (rows, width), generator)
+    weight, bias = _uniform(torch, (width,), generator), _uniform(torch, (width,), generator)
+    summed = x.float() + residual.float()
+    reference = torch.nn.functional.layer_norm(summed, (width,), weight.float(), bias.float(), eps)
+
+    def call(out, residual_out):
+        aiter.layernorm2d_with_add_asm(out, x, residual, residual_out, weight, bias, eps)
+        return out, residual_out
+
+    prefilled = (_nan(torch, (rows, width)), _nan(torch, (rows, width)))
+    out, residual_out = call(*prefilled)
+    _synchronize(torch)
+    figures = merged(compare(reference, out, float(reference.abs().max())),
+                     compare(summed, residual_out, float(summed.abs().max())))
+    return {**figures, "prefilled": _same_memory(out, prefilled[0]) and _same_memory(residual_out, prefilled[1]),
+            "elapsed_ms": _timed(lambda: call(_nan(torch, (rows, width)), _nan(torch, (rows, width))), torch)}
+
+
 # Case name -> the function computing it. cdna2.host.smoke names the checks and judges the results.
 CASES: dict[str, Callable[[], dict]] = {
     "fmha_v3_fwd_noncausal": fmha_v3_fwd(causal=False, batch=2, seqlen=512),
@@ -388,6 +574,11 @@ CASES: dict[str, Callable[[], dict]] = {
     "fmha_v3_varlen_group": varlen([129, 383], window=None),
     "pa_fwd_asm": pa_fwd_asm,
     "sliding_window": varlen([200, 1000], window=256),
+    "mla_decode": mla_decode,
+    "topksoftmax_asm": topksoftmax_asm,
+    "fmoe_g1u0_fp16": fmoe_g1u0_fp16,
+    "bf16gemm_asm": bf16gemm_asm,
+    "layernorm2d_with_add_asm": layernorm2d_with_add_asm,
 }
 
 

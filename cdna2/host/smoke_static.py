@@ -276,6 +276,9 @@ def check_record(view: HostView) -> dict:
             continue
         found = record_mismatches(Path(dist["location"]), view.records[package],
                                         skip_paths=touched.get(package, set()))
+        if found["unproven"]:
+            mismatches.append(f"{package}: {found['unproven']}")
+            continue
         mismatches.extend(f"{package}: {path} (changed)" for path in found["mismatched"])
         mismatches.extend(f"{package}: {path} (missing)" for path in found["missing"])
         counts.append(f"{found['checked']} {package}")

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
+from cdna2.families import family_rows, reach_table
 from cdna2.host.state import write_file_atomically
 from cdna2.kernels.engine import TranslationError, classify_tree, translate_tree
 from cdna2.kernels.hazard_rules import DEFAULT_POLICY, POLICIES
@@ -126,8 +127,21 @@ def classify_summary(report: dict) -> list[str]:
     return [f"translate would write: {', '.join(f'{count} {plan}' for plan, count in sorted(plans.items()))}"]
 
 
+# What each command's kernels are for the reachability table: those written, or those translate would write.
+INSTALLED = {"translate": ("written",), "classify": ("in place", "padded")}
+
+
+def installed_kernels(report: dict) -> list[str]:
+    """The code objects the tree holds (translate) or would hold under the default policy (classify)."""
+    key = "status" if report["command"] == "translate" else "translation"
+    return [relpath for relpath, entry in report["kernels"].items() if entry.get(key) in INSTALLED[report["command"]]]
+
+
 def _summary(report: dict) -> str:
-    lines = [family_table(report), "", *hazard_lines(report)]
+    lines = [family_table(report), "",
+             "families installed, by the path that reaches them on a patched gfx90a host (dispatched: AITER's own "
+             "entry; direct: only a direct call of the op; none: nothing loads them) and the GPU check proving them:",
+             *reach_table(report["reachability"]), "", *hazard_lines(report)]
     lines += code_summary(report) if report["command"] == "translate" else classify_summary(report)
     lines += [f"error  {line}" for line in _errors(report)]
     if "manifest_rows" in report:
@@ -148,6 +162,11 @@ def _run(command: str, produce: Callable[[], dict], json_path: Path | None) -> i
     except (TranslationError, LlvmNotFoundError, LlvmOutputError) as error:
         print(f"{command}: {error}", file=sys.stderr)
         return 1
+    if not report["kernels"]:  # a verdict over no kernel is no verdict
+        print(f"{command}: {report.get('source')}: no code object found, so nothing was judged: SRC must be an "
+              f"AITER hsa/gfx942 tree", file=sys.stderr)
+        return 1
+    report = {**report, "reachability": family_rows(installed_kernels(report))}
     if json_path:
         write_file_atomically(json_path, (json.dumps(report, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     print(_summary(report))

@@ -43,6 +43,15 @@ def run_pyinfra(*args: str, report_dir: Path, inventory: str = "inventory/sim.py
     return DeployRun(result.returncode, result.stdout + result.stderr, report)
 
 
+def lab_hosts(lab: dict, arch: str | None = None, other_than: str | None = None) -> list[dict]:
+    """The lab's hosts (of ``arch``, or of any arch but ``other_than``); never none: a loop over no host proves
+    nothing, so a lab that lost the hosts a test is about fails it."""
+    hosts = [host for host in lab["hosts"]
+             if (arch is None or host["arch"] == arch) and (other_than is None or host["arch"] != other_than)]
+    assert hosts, f"the lab has no host{' of ' + arch if arch else ''}{' but ' + other_than if other_than else ''}"
+    return hosts
+
+
 def site_packages(lab_host: dict) -> Path:
     venv = Path(lab_host["binds"]["/opt/venv"])
     return next(venv.glob("lib/python3*/site-packages"))

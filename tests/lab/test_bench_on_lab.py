@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.bench import load_cases
-from tests.lab.deploy_runner import host_snapshot, run_pyinfra
+from tests.lab.deploy_runner import host_snapshot, lab_hosts, run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -34,7 +34,7 @@ def test_bench_after_a_lab_deploy_names_every_case_skipped_with_the_reason(lab: 
     markdown = (tmp_path / "bench-latest.md").read_text()
     assert report["picture"] is None and "No picture: no host has a figure for any case." in markdown
     assert {entry["host"] for entry in report["hosts"]} == {host["name"] for host in lab["hosts"]}
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         entry = next(entry for entry in report["hosts"] if entry["host"] == lab_host["name"])
         reason = STAND_IN if lab_host["arch"] == "gfx90a" else f"not a gfx90a host (the probe saw {lab_host['arch']})"
         assert entry["status"] == "skipped" and reason in entry["reason"], entry
@@ -46,6 +46,6 @@ def test_bench_after_a_lab_deploy_names_every_case_skipped_with_the_reason(lab: 
 
     on_deploy = run_pyinfra("-y", "deploy.py", "--data", "bench_on_deploy=true", report_dir=tmp_path)
     assert on_deploy.returncode == 0, on_deploy.output[-4000:]
-    for lab_host in (host for host in lab["hosts"] if host["arch"] == "gfx90a"):
+    for lab_host in lab_hosts(lab, "gfx90a"):
         step = on_deploy.row(lab_host["name"])["steps"]["bench"]
         assert step["status"] == "skipped" and "smoke_gpu_checks is off" in step["detail"], step

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import REPO, host_snapshot, run_pyinfra
+from cdna2.families import host_families
+from cdna2.host.families import installed_families
+from tests.lab.deploy_runner import REPO, host_snapshot, lab_hosts, run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -37,7 +39,7 @@ def test_deploy_completes_on_every_lab_host(lab: dict, deployed) -> None:
     first, _, _, _ = deployed
     assert first.returncode == 0, first.output[-4000:]
     assert sorted(row["host"] for row in first.report["hosts"]) == sorted(h["name"] for h in lab["hosts"])
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         row = first.row(lab_host["name"])
         assert row["status"] == "ok", row
         assert row["hostname"] == lab_host["name"], "each host answers from its own UTS namespace"
@@ -76,6 +78,23 @@ def test_second_run_issues_no_operation(deployed) -> None:
                          for step in smoke.values()), smoke
 
 
+def test_every_installed_kernel_family_is_in_the_report_unproven_without_gpu_checks(lab: dict, deployed) -> None:
+    """The lab's GPUs are stand-ins (smoke_gpu_checks off): every family the tree holds is reported unproven, with
+    the reason, by the run that judged it and by the re-run that reuses its proof; none is withheld."""
+    first, second, _, _ = deployed
+    for lab_host in lab_hosts(lab, "gfx90a"):
+        tree = next(Path(lab_host["binds"]["/opt/venv"]).glob("lib/python3*/site-packages/aiter_meta/hsa/gfx90a"))
+        installed = set(installed_families(tree, host_families()))
+        assert {"fmha_v3_fwd", "pa", "fmha_v3_bwd"} <= installed, installed
+        for run in (first, second):
+            families = run.row(lab_host["name"])["details"]["families"]
+            assert set(families) == installed
+            assert all(entry["verdict"] == "unproven" and entry["reason"].startswith("GPU checks did not run: GPU "
+                                                                                      "checks are off for this host")
+                       for entry in families.values()), families
+        assert f"families: {len(installed)} unproven" in first.row(lab_host["name"])["steps"]["smoke"]["detail"]
+
+
 def test_translation_runs_once_per_distinct_source_tree(deployed) -> None:
     first, second, _, _ = deployed
     # Both MI210 hosts hold the same amd-aiter: one translation (or cache look-up) serves them both.
@@ -87,7 +106,7 @@ def test_translation_runs_once_per_distinct_source_tree(deployed) -> None:
 
 def test_gfx942_host_is_left_alone_and_the_report_says_why(lab: dict, deployed) -> None:
     first, _, _, _ = deployed
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx942"):
+    for lab_host in lab_hosts(lab, "gfx942"):
         kernels = first.row(lab_host["name"])["steps"]["kernels"]
         assert kernels["status"] == "skipped" and "gfx942" in kernels["detail"] and "left alone" in kernels["detail"]
         assert host_snapshot(lab_host)["hsa"] is not None
@@ -122,7 +141,7 @@ def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr[-3000:]
     (facts,) = json.loads(result.stdout).values()
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         probe = facts[lab_host["name"]]
         assert probe["os"]["hostname"] == lab_host["name"]
         assert probe["python"]["is_target"] and probe["python"]["path"] == "/opt/venv/bin/python"
@@ -137,10 +156,10 @@ def test_probe_fact_over_ssh_matches_each_host(lab: dict) -> None:
 def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_the_policy(
         lab: dict, deployed, tmp_path: Path) -> None:
     first, _, _, _ = deployed
-    for lab_host in lab["hosts"]:  # the probe runs the agent's copy from bytecode (operations/facts.py)
+    for lab_host in lab_hosts(lab):  # the probe runs the agent's copy from bytecode (operations/facts.py)
         agent = Path(lab_host["binds"]["/var/lib/cdna2"]) / "agent" / "cdna2" / "host"
         assert list((agent / "__pycache__").glob("probe.cpython-*.pyc")), f"{lab_host['name']}: no agent bytecode"
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+    for lab_host in lab_hosts(lab, "gfx90a"):
         row = first.row(lab_host["name"])
         assert "kernel_hazard_policy default (MFMA wait-state audit" in row["steps"]["kernels"]["detail"]
         details = row["details"]["kernels"]
@@ -153,7 +172,7 @@ def test_report_names_each_hosts_kernel_verdicts_and_policy_and_verify_checks_th
     strict = run_pyinfra("-y", "verify.py", "--data", "kernel_hazard_policy=strict", "--data", "int8_k32_split=true",
                          report_dir=tmp_path)
     assert strict.returncode != 0
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+    for lab_host in lab_hosts(lab, "gfx90a"):
         detail = strict.row(lab_host["name"])["steps"]["verify"]["detail"]
         assert "kernel_hazard_policy: recorded default, host data strict: run the deploy" in detail, detail
         assert "int8_k32_split: recorded off, host data on: run the deploy" in detail, detail

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import dist_version, run_pyinfra, site_packages, ssh
+from tests.lab.deploy_runner import dist_version, lab_hosts, run_pyinfra, site_packages, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -27,6 +27,10 @@ def test_tamper_verify_repair_rollback(lab: dict, gfx90a_hosts: list[dict], tmp_
     clean = run_pyinfra("-y", "verify.py", report_dir=reports)
     assert clean.returncode == 0, clean.output[-4000:]
     assert all(row["steps"]["verify"]["status"] == "ok" for row in clean.report["hosts"])
+    for lab_host in gfx90a_hosts:  # the families as the deploy's smoke step judged them: unproven in the lab
+        row = clean.row(lab_host["name"])
+        assert any(note.startswith("kernel families: ") and "unproven" in note for note in row["notes"]), row["notes"]
+        assert {entry["verdict"] for entry in row["details"]["families"].values()} == {"unproven"}
 
     # Tamper: lose a patch (the pristine file back, as a reinstall would do), delete a kernel, replace triton.
     first, second = gfx90a_hosts[:2]
@@ -54,7 +58,7 @@ def test_tamper_verify_repair_rollback(lab: dict, gfx90a_hosts: list[dict], tmp_
 
     rolled_back = run_pyinfra("-y", "rollback.py", report_dir=reports)
     assert rolled_back.returncode == 0, rolled_back.output[-4000:]
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         row = rolled_back.row(lab_host["name"])
         assert row["steps"]["record"]["status"] == "ok", row["steps"]
         site = site_packages(lab_host)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.deploy_runner import host_snapshot, run_pyinfra
+from tests.lab.deploy_runner import host_snapshot, lab_hosts, run_pyinfra
 
 pytestmark = pytest.mark.lab
 
@@ -20,7 +20,7 @@ def test_dry_run_shows_diffs_and_changes_nothing_then_deploy_applies(lab: dict, 
     assert dry.returncode == 0, dry.output[-4000:]
     assert {host["name"]: host_snapshot(host) for host in lab["hosts"]} == before, "--dry changed a host"
     assert dry.report["mode"] == "deploy" and dry.report["executed"] is False
-    for lab_host in (h for h in lab["hosts"] if h["arch"] == "gfx90a"):
+    for lab_host in lab_hosts(lab, "gfx90a"):
         name = lab_host["name"]
         lines = [line.split("]", 1)[1].strip() for line in dry.output.splitlines() if f"[{name}]" in line]
         assert any(line.startswith("patches: vllm ") for line in lines), lines
@@ -35,7 +35,7 @@ def test_dry_run_shows_diffs_and_changes_nothing_then_deploy_applies(lab: dict, 
 
     applied = run_pyinfra("-y", "deploy.py", report_dir=tmp_path)
     assert applied.returncode == 0, applied.output[-4000:]
-    for lab_host in lab["hosts"]:
+    for lab_host in lab_hosts(lab):
         after = host_snapshot(lab_host)
         if lab_host["arch"] == "gfx90a":
             assert after["hsa"] != before[lab_host["name"]]["hsa"], "kernels installed"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.fp8_configs import CONFIG_DIR
-from tests.lab.deploy_runner import run_pyinfra, site_packages
+from tests.lab.deploy_runner import lab_hosts, run_pyinfra, site_packages
 
 pytestmark = pytest.mark.lab
 
@@ -28,8 +28,8 @@ def test_configs_are_installed_verified_and_removed_by_rollback(lab: dict, tmp_p
     for name in NAMES:
         (directory / name).write_text(json.dumps(CONFIG, indent=1))
     data = ("--data", f"fp8_block_configs={directory}")
-    with_vllm = [host for host in lab["hosts"] if host["arch"] == "gfx90a"]
-    others = [host for host in lab["hosts"] if host["arch"] != "gfx90a"]
+    with_vllm = lab_hosts(lab, "gfx90a")
+    others = lab_hosts(lab, other_than="gfx90a")
 
     deployed = run_pyinfra("-y", "deploy.py", *data, report_dir=tmp_path)
     assert deployed.returncode == 0, deployed.output[-4000:]

@@ -87,7 +87,7 @@ def test_gpu_checks_are_skipped_with_the_reason_no_gpu_can_exist():
     # The arch is gfx90a (from data) and the checks are on, yet no GPU can exist: skipped, never failed or passed.
     run = gpu_run.GpuRun(Path("/nonexistent"), Path("/nonexistent"), None, gpu_run.GpuLimits())
     reason = "no GPU at build time (arch gfx90a from the host data key gpu_arch)"
-    checks, device = smoke.gpu_checks("gfx90a", run, reason)
+    checks, device, _ = smoke.gpu_checks("gfx90a", run, reason)
     assert device is None and len(checks) == len(smoke.GPU_CHECKS)
     assert {check["status"] for check in checks} == {"skipped"}
     assert all(check["detail"] == f"skipped: {reason}" for check in checks)

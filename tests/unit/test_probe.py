@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from cdna2.drift import find_drift
 from cdna2.host import checkouts, digests, distributions, gpus, jsontext, probe, programs
 from cdna2.probe_payload import PROBE_BOOTSTRAP, PROBE_PAYLOAD
 
@@ -263,14 +264,31 @@ def test_gfx_name_from_kfd_target_version(target: int, name: str) -> None:
 def test_record_check_names_edited_and_missing_files_but_not_our_trees(host_root: Path) -> None:
     site = host_root / "site-packages"
     clean = run_probe(host_root, record_check=["amd-aiter", "vllm"])["record_check"]
-    assert clean == {"amd-aiter": {"checked": 6, "mismatched": [], "missing": []}}, "vllm is not installed"
+    assert clean == {"amd-aiter": {"checked": 6, "mismatched": [], "missing": [], "unproven": None}}, \
+        "vllm is not installed"
     (site / "aiter/jit/core.py").write_bytes(b"edited\n")
     (site / "aiter_meta/hsa/gfx950/pa/pa_b.co").unlink()
     (site / "aiter_meta/hsa/gfx90a").mkdir()
     (site / "aiter_meta/hsa/gfx90a/x.co").write_bytes(b"ours, not in RECORD")
     found = run_probe(host_root, record_check=["amd-aiter"])["record_check"]["amd-aiter"]
     assert found == {"checked": 6, "mismatched": ["aiter/jit/core.py"],
-                     "missing": ["aiter_meta/hsa/gfx950/pa/pa_b.co"]}
+                     "missing": ["aiter_meta/hsa/gfx950/pa/pa_b.co"], "unproven": None}
+
+
+def test_a_missing_record_proves_nothing_and_verify_says_so(host_root: Path) -> None:
+    """A RECORD that is gone (an install cut short) was read as empty, and "0/0 files match" passed: now the probe
+    names it, the comparison is unproven, and verify's drift and the smoke test's record check fail on it."""
+    record = next((host_root / "site-packages").glob("amd_aiter-*.dist-info")) / "RECORD"
+    record.unlink()
+    found = run_probe(host_root, record_check=["amd-aiter"])
+    result = found["record_check"]["amd-aiter"]
+    assert result["checked"] == 0 and "RECORD is missing" in result["unproven"], result
+    assert any("amd-aiter has no RECORD" in error and "reinstall" in error for error in found["errors"])
+    deployed = {"packages": {}, "patch_sets": {}, "kernels": None}
+    probe = {"state": {"deployed": deployed}, "distributions": {}, "aiter": None, "backups": {},
+             "patch_targets": {}, "record_check": found["record_check"]}
+    (drift,) = [line for line in find_drift(probe, {}) if line.startswith("amd-aiter")]
+    assert drift.startswith("amd-aiter not checked: no file of") and "reinstall it" in drift
 
 
 def test_backups_of_patch_transactions_are_reported(host_root: Path) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-from pyinfra.api import Config, Inventory, State
-from pyinfra.api.connect import connect_all
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 
@@ -14,6 +12,7 @@ from cdna2.bench import deploy_skip_reason, load_cases
 from cdna2.reports.bench import BenchReport
 from cdna2.reports.run import RunReport
 from operations import bench
+from tests.unit.operations.fake_hosts import fake_host
 
 BENCH_COMMAND = "cdna2.host.bench --site-packages"
 CASES = load_cases()["cases"][:2]
@@ -33,12 +32,7 @@ def runner_output(first_status: str) -> str:
 
 
 def run_bench_op(output: str = "", smoke_status: str | None = None, **arguments):
-    # Host b runs nothing: pyinfra stops the whole run when its last host fails.
-    hosts = [("@fake/a", {"fake_delay": 0, "fake_delay_jitter": 0,
-                          "fake_responses": {BENCH_COMMAND: {"stdout": output}}}), ("@fake/b", {})]
-    state = State(Inventory((hosts, {})), Config())
-    connect_all(state)
-    host = state.inventory.get_host("@fake/a")
+    state, host = fake_host({BENCH_COMMAND: output})
     report = RunReport(mode="bench", inventory="test")
     if smoke_status:
         report.step("@fake/a", "smoke", smoke_status, "12 passed")

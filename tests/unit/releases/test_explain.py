@@ -132,6 +132,25 @@ def test_host_target_comes_from_the_deploy_report(tmp_path):
     assert explain.host_target(refused, "mi210-a")["sets"] == []
 
 
+def test_the_families_of_the_reached_code_objects_carry_the_hosts_verdicts(tmp_path):
+    outcome = _outcome({"full": 32}, "ROCM_AITER_FA", {"backend": "ROCM_AITER_FA"})
+    result = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)
+    verdicts = {"fmha_v3_fwd": {"verdict": "proven", "reason": "fmha_v3_fwd_bf16_hd128, ... passed on this GPU"},
+                "pa": {"verdict": "withheld", "reason": "pa_fwd_asm_bf16_block16_gqa8 wrong: WRONG: ..."}}
+    families = explain.reached_families(result, verdicts)
+    assert [(family["family"], family["verdict"]) for family in families] == [("fmha_v3_fwd", "proven"),
+                                                                              ("pa", "withheld")]
+    assert families[1]["judged"] == "withheld on this host: pa_fwd_asm_bf16_block16_gqa8 wrong: WRONG: ..."
+    without_host = explain.reached_families(result, None)
+    assert without_host[1]["judged"].startswith("proven on a host by GPU checks pa_fwd_asm_bf16_block16_gqa8;")
+    assert explain.reached_families(result, {})[0]["judged"].startswith("not judged on this host")
+    target = explain.host_target(_report(tmp_path, details={
+        "patches vllm": {"status": "patched", "sets": []}, "families": verdicts}), "mi210-a")
+    assert target["families"] == verdicts
+    text = explain.render({**result, "families": families}, {"label": "mi210-a", "environment": {}})
+    assert "    family pa: withheld on this host: pa_fwd_asm_bf16_block16_gqa8 wrong" in text
+
+
 def test_command_refuses_a_config_without_a_shape_before_anything_runs(tmp_path):
     config = tmp_path / "bad.json"
     config.write_text(json.dumps({"model_type": "x"}))

@@ -145,14 +145,14 @@ def test_errors_fail_and_the_sliding_window_guard_needs_no_load_line() -> None:
 
 def test_without_a_gpu_every_gpu_check_is_skipped_never_passed(tmp_path: Path) -> None:
     for arch, why in ((None, "the host probe found no GPU"), ("gfx942", "the host probe saw gfx942")):
-        checks, device = smoke.gpu_checks(arch, make_run(tmp_path))
+        checks, device, _ = smoke.gpu_checks(arch, make_run(tmp_path))
         assert device is None and [check["name"] for check in checks] == [check.name for check in smoke.GPU_CHECKS]
         assert all(check["status"] == "skipped" and why in check["detail"] for check in checks), checks
 
 
 def test_without_torch_on_a_gfx90a_host_every_gpu_check_fails(tmp_path: Path) -> None:
     # A real device-probe child of this interpreter, which has no torch: on a gfx90a host that is a failure.
-    checks, device = smoke.gpu_checks("gfx90a", make_run(tmp_path))
+    checks, device, _ = smoke.gpu_checks("gfx90a", make_run(tmp_path))
     assert device is None
     for check in checks:
         assert check["status"] == "failed", check

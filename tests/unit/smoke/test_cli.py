@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cdna2.families import host_families
+from cdna2.host import smoke
 from lab import wheelhouse
 from tests.unit.smoke.conftest import make_agent, make_target_python, run_smoke_command, statuses
 
@@ -27,7 +29,7 @@ def agent(tmp_path: Path) -> Path:
 
 
 def run_smoke(python: Path, agent: Path, host) -> tuple[int, dict, str]:
-    return run_smoke_command(python, agent, host, "--host-arch", "none")
+    return run_smoke_command(python, agent, host, "--host-arch", "none", "--families", json.dumps(host_families()))
 
 
 def test_cli_on_a_provisioned_host_then_after_tampering(target_python: Path, agent: Path, host) -> None:
@@ -37,13 +39,17 @@ def test_cli_on_a_provisioned_host_then_after_tampering(target_python: Path, age
         "gfx90a_tree": "passed", "code_objects_gfx90a": "passed", "manifests_complete": "passed",
         "patch_sets_applied": "passed", "record_pristine": "passed", "triton_version": "passed",
         "triton_autotuner_import": "passed", "import_aiter": "skipped", "jit_no_stale_modules": "passed",
-        "jit_modules_after_kernels": "passed", "jit_no_orphan_lock": "passed", "fmha_v3_fwd_bf16_hd128": "skipped",
-        "fmha_v3_fwd_bf16_hd128_causal": "skipped", "fmha_v3_fwd_bf16_hd128_partial_tile": "skipped",
-        "fmha_v3_fwd_varlen_group": "skipped", "pa_fwd_asm_bf16_block16_gqa8": "skipped",
-        "sliding_window_attention": "skipped"}
+        "jit_modules_after_kernels": "passed", "jit_no_orphan_lock": "passed",
+        **dict.fromkeys((check.name for check in smoke.GPU_CHECKS), "skipped")}
+    skipped = len(smoke.GPU_CHECKS) + 1
     assert (report["passed"], report["failed"], report["skipped"], report["wrong"], report["device"]) == \
-        (10, 0, 7, 0, None)
-    assert "smoke: 10 passed, 0 failed, 0 wrong, 7 skipped" in stderr
+        (10, 0, skipped, 0, None)
+    assert f"smoke: 10 passed, 0 failed, 0 wrong, {skipped} skipped" in stderr
+    # Without a GPU every installed family is unproven, with the reason, and none is withheld.
+    assert sorted(report["families"]) == ["all_reduce", "fmha_v3_fwd", "pa"] and report["withhold"] == {}
+    assert {entry["verdict"] for entry in report["families"].values()} == {"unproven"}
+    assert report["families"]["pa"]["reason"] == "GPU checks did not run: the host probe found no GPU"
+    assert "smoke: families: 3 unproven (all_reduce, fmha_v3_fwd, pa)" in stderr
 
     (host.tree / "pa" / "pa_bf16_noquant_gqa8_1tg_4w.co").unlink()
     (host.site / "aiter" / "ops" / "mha.py").write_text("ret = True\n")

@@ -15,20 +15,29 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cdna2.host import smoke, smoke_gpu
+from cdna2.families import host_families
+from cdna2.host import digests, smoke, smoke_gpu, state
 from lab import wheelhouse
 from tests.unit.operations.test_smoke_operation import recorded, run_smoke_op
 from tests.unit.smoke.conftest import (GFX90A, Host, code_object, make_agent, make_target_python,
                                        provisioned_host, run_smoke_command, statuses)
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
-KERNELS = {f"fmha_v3_fwd/MI300/{name}.co": code_object(GFX90A, name)
-           for name in ("fwd_hd128_bf16_rtna", "fwd_hd128_bf16_causal_rtna", "fwd_hd128_bf16_causal_rtna_group")}
+KERNELS = {relpath: code_object(GFX90A, relpath) for relpath in (
+    *(f"fmha_v3_fwd/MI300/{name}.co"
+      for name in ("fwd_hd128_bf16_rtna", "fwd_hd128_bf16_causal_rtna", "fwd_hd128_bf16_causal_rtna_group")),
+    "mla/mla_dec_stage1_bf16_a16w16_subQ16_mqa16.co", "topksoftmax/topksoftmax_4x128x8.co", "fmoe_f16.co",
+    "bf16gemm/bf16gemm_outf32_tn_32x64_pf3.co", "layer_norm.co")}
+FAMILIES = json.dumps(host_families())
 GPU_NAMES = [check.name for check in smoke.GPU_CHECKS]
 pytestmark = pytest.mark.slow  # each smoke run starts about ten interpreters that import torch
 
@@ -50,8 +59,8 @@ class Lab:
               host_arch: str = "gfx90a") -> tuple[int, dict]:
         """The smoke command from a home directory, with the device double in ``device`` mode."""
         env = {"CDNA2_DEVICE_DOUBLE": device, "CDNA2_AITER_DOUBLE": json.dumps(aiter or {})}
-        code, report, _ = run_smoke_command(self.python, self.agent, self.host, "--host-arch", host_arch, *options,
-                                            env=env, cwd=self.home)
+        code, report, _ = run_smoke_command(self.python, self.agent, self.host, "--host-arch", host_arch,
+                                            "--families", FAMILIES, *options, env=env, cwd=self.home)
         return code, report
 
 
@@ -197,3 +206,72 @@ def test_gpu_checks_are_skipped_only_without_a_gpu_or_when_turned_off(lab: Lab) 
     code, report = lab.smoke("--no-gpu-checks", device="none")
     assert code == 0 and report["gpu_checks"] is False
     assert all("GPU checks are off for this host" in check["detail"] for check in gpu(report).values())
+
+
+FAMILY_VERDICTS = {"all_reduce": "withheld", "bf16gemm": "proven", "fmha_v3_fwd": "proven", "fmoe_g1u0": "proven",
+                   "layer_norm": "proven", "mla": "proven", "pa": "proven", "topksoftmax": "proven"}
+MLA_DEFECT = {"mla_decode_fwd:full:1": "five_percent"}  # MLA decode 5% off: one family's kernels compute wrong
+
+
+def verdicts(report: dict) -> dict[str, str]:
+    return {name: entry["verdict"] for name, entry in report["families"].items()}
+
+
+def issued(host, module: str) -> list[str]:
+    return [command for command in host.connector.executed_commands if f"cdna2.host.{module}" in command]
+
+
+def reasons_of(command: str) -> dict[str, str]:
+    return json.loads(shlex.split(command[command.index("--reasons"):])[1])
+
+
+def test_correct_output_proves_every_family_with_a_check_and_withholds_the_one_without(correct_run) -> None:
+    _, report = correct_run
+    assert verdicts(report) == FAMILY_VERDICTS
+    assert report["families"]["mla"]["reason"] == "mla_decode_bf16_gqa16 passed on this GPU"
+    assert list(report["withhold"]) == ["all_reduce"]
+
+
+def test_a_defect_in_one_family_withholds_it_alone_and_a_rerun_with_the_same_verdicts_changes_nothing(
+        lab: Lab, tmp_path: Path) -> None:
+    code, report = lab.smoke(aiter={"faults": MLA_DEFECT})
+    assert gpu(report)["mla_decode_bf16_gqa16"]["status"] == "wrong", gpu(report)["mla_decode_bf16_gqa16"]
+    assert verdicts(report) == {**FAMILY_VERDICTS, "mla": "withheld"}
+    assert report["families"]["mla"]["reason"].startswith("mla_decode_bf16_gqa16 wrong: WRONG: MLA decode")
+    assert sorted(report["withhold"]) == ["all_reduce", "mla"]
+    # The deploy's smoke operation: the wrong check is answered by withholding its family, so the host passes and
+    # the withholding is issued for exactly those two families.
+    state_, host, run_report = run_smoke_op(json.dumps(report), host_arch="gfx90a",
+                                            hsa_root=str(lab.host.tree.parent))
+    assert host not in state_.failed_hosts and recorded(host)
+    (withhold,) = issued(host, "families")
+    assert sorted(reasons_of(withhold)) == ["all_reduce", "mla"]
+    assert run_report.host("@fake/a").details["families"]["mla"]["verdict"] == "withheld"
+    assert "2 withheld (all_reduce, mla)" in run_report.host("@fake/a").steps["smoke"].detail
+    # The withholding on the host (the lab host is put back afterwards: the other tests share it).
+    saved = tmp_path / "saved"
+    shutil.copytree(lab.host.tree, saved / "gfx90a")
+    shutil.copyfile(lab.host.state_dir / "state.json", saved / "state.json")
+    before = {relpath: digests.file_sha256(path) for relpath, path in digests.regular_files(lab.host.tree)}
+    try:
+        subprocess.run([sys.executable, "-m", "cdna2.host.families", "withhold", "--site-packages",
+                        str(lab.host.site), "--hsa-root", str(lab.host.tree.parent), "--state-dir",
+                        str(lab.host.state_dir), "--families", FAMILIES, "--reasons",
+                        json.dumps(reasons_of(withhold))], check=True, capture_output=True)
+        after = {relpath: digests.file_sha256(path) for relpath, path in digests.regular_files(lab.host.tree)}
+        gone = {"mla/mla_dec_stage1_bf16_a16w16_subQ16_mqa16.co", "all_reduce.co"}
+        assert after == {relpath: digest for relpath, digest in before.items() if relpath not in gone}
+        # Again, with the same defect: the withheld family's check is not run, nothing more is withheld, the host
+        # passes, and the tree stays as it is.
+        code, again = lab.smoke(aiter={"faults": MLA_DEFECT})
+        assert gpu(again)["mla_decode_bf16_gqa16"]["status"] == "skipped"
+        assert "its family mla is withheld on this host" in gpu(again)["mla_decode_bf16_gqa16"]["detail"]
+        assert verdicts(again) == {**FAMILY_VERDICTS, "mla": "withheld"} and again["withhold"] == {}
+        state_, host, _ = run_smoke_op(json.dumps(again), host_arch="gfx90a", hsa_root=str(lab.host.tree.parent))
+        assert host not in state_.failed_hosts and recorded(host) and not issued(host, "families")
+        assert {relpath: digests.file_sha256(path) for relpath, path in digests.regular_files(lab.host.tree)} == after
+        assert sorted(state.read_state(lab.host.state_dir)["kernels"]["withheld"]) == ["all_reduce", "mla"]
+    finally:
+        shutil.rmtree(lab.host.tree)
+        shutil.copytree(saved / "gfx90a", lab.host.tree)
+        shutil.copyfile(saved / "state.json", lab.host.state_dir / "state.json")

@@ -114,6 +114,13 @@ def test_record_names_tampered_and_missing_files_but_not_patched_ones(host) -> N
     assert "mha.py" not in check["detail"] and "_aiter_ops.py" not in check["detail"]
 
 
+def test_record_fails_a_package_whose_record_is_gone_instead_of_matching_zero_files(host) -> None:
+    (next(host.site.glob("vllm-*.dist-info")) / "RECORD").unlink()
+    check = host.run(smoke_static.check_record)
+    assert check["status"] == "failed", check["detail"]
+    assert "vllm: no file of" in check["detail"] and "RECORD is missing" in check["detail"]
+
+
 def test_record_skips_pycache_and_our_own_trees(host) -> None:
     # A RECORD that lists bytecode and a gfx90a tree (as a newer AITER might) must not fail on them.
     record = next(host.site.glob("amd_aiter-*.dist-info")) / "RECORD"

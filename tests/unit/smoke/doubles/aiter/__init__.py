@@ -20,7 +20,10 @@ fallback computed it), ``hang`` (in a ``smoke_gpu run`` or ``bench_gpu run`` pro
 (AITER's HIP decode kernel, the benchmarks' decode fallback) takes the same faults under
 ``paged_attention_rocm:full:1``. ``gemm_a8w8_CK`` (CK INT8 GEMM) logs AITER's JIT import line for
 ``module_gemm_a8w8`` on stderr once per process, as ``aiter/jit/core.py`` does, and takes them under
-``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line).
+``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line). The other families' entries (``topk_softmax_asm``,
+``gemm_a16w16_asm``, ``layernorm2d_with_add_asm``, ``aiter.mla.mla_decode_fwd``, ``aiter.fused_moe_bf16_asm.asm_moe``)
+compute their torch semantics, print their load lines and take ``five_percent``, ``zero_rows``, ``fallback`` and
+the process faults under ``<entry>:full:<size>`` (their docstrings say which size).
 """
 
 import json
@@ -187,3 +190,104 @@ def gemm_a8w8_CK(XQ, WQ, x_scale, w_scale, bias=None, dtype=torch.bfloat16, spli
     exact = (XQ.double() @ WQ.double().T) * x_scale.double() * w_scale.double()
     out.copy_(exact * (1.05 if fault == "five_percent" else 1.0))
     return out
+
+
+def _fault_of(entry, size):
+    fault = _fault(entry, False, size)
+    _hang_if_asked(fault)
+    return fault
+
+
+def _wrong(out, fault):
+    """The output faults of the entries below: ``five_percent`` (every output 5% off) and ``zero_rows`` (the first
+    row zeroed)."""
+    if fault == "five_percent":
+        out.mul_(1.05)
+    if fault == "zero_rows":
+        out.view(-1, out.shape[-1])[0] = 0
+    return out
+
+
+def topk_softmax_asm(topk_weights, topk_indices, token_expert_indices, gating_output, need_renorm):
+    """``topksoftmax/topksoftmax_4x128x8.co`` (0.1.7's pick for 128 experts, top 8); faults under
+    ``topk_softmax_asm:full:<tokens>``."""
+    fault = _fault_of("topk_softmax_asm", gating_output.shape[0])
+    topk = topk_weights.shape[1]
+    _load(f"topksoftmax/topksoftmax_4x{gating_output.shape[1]}x{topk}.co", "_ZN5aiter21topksoftmax_4x128x8E", fault)
+    weights, ids = gating_output.float().softmax(dim=-1).topk(topk, dim=-1)
+    if need_renorm:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    topk_weights.copy_(_wrong(weights, fault))
+    topk_indices.copy_(ids)
+
+
+def gemm_a16w16_asm(A, B, out, bias=None, splitK=None, kernelName=None):
+    """``bf16gemm/bf16gemm_outf32_tn_32x64_pf3.co``: fp32 accumulation of bf16 products into ``out``; faults under
+    ``gemm_a16w16_asm:full:<M>``."""
+    fault = _fault_of("gemm_a16w16_asm", A.shape[0])
+    _load("bf16gemm/bf16gemm_outf32_tn_32x64_pf3.co", "_ZN5aiter28bf16gemm_outf32_tn_32x64_pf3E", fault)
+    out.copy_(_wrong(A.float() @ B.float().T, fault))
+    return out
+
+
+def layernorm2d_with_add_asm(out, input, residual_in, residual_out, weight, bias, epsilon, x_bias=None):
+    """``layer_norm.co``: the residual sum in fp32 (written rounded), LayerNorm of it; faults under
+    ``layernorm2d_with_add_asm:full:<rows>``."""
+    fault = _fault_of("layernorm2d_with_add_asm", input.shape[0])
+    _load("layer_norm.co", "layer_norm_kernel_func", fault)
+    summed = input.float() + residual_in.float()
+    residual_out.copy_(summed)
+    normed = torch.nn.functional.layer_norm(summed, (summed.shape[-1],), weight.float(), bias.float(), epsilon)
+    out.copy_(_wrong(normed, fault))
+
+
+def _mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+                    sm_scale=None, logit_cap=0.0, num_kv_splits=None, **_):
+    """aiter.mla.mla_decode_fwd for one query per sequence, page size 1, one latent KV head:
+    ``mla/mla_dec_stage1_bf16_a16w16_subQ16_mqa16.co`` for 16 heads; faults under ``mla_decode_fwd:full:1``."""
+    fault = _fault_of("mla_decode_fwd", max_seqlen_q)
+    _load(f"mla/mla_dec_stage1_bf16_a16w16_subQ{q.shape[1]}_mqa{q.shape[1]}.co",
+          "_ZN5aiter39mla_dec_stage1_bf16_a16w16_subQ16_mqa16E", fault)
+    scale = sm_scale or q.shape[-1] ** -0.5
+    bounds = kv_indptr.tolist()
+    for seq in range(len(bounds) - 1):
+        keys = kv_buffer[kv_indices[bounds[seq]:bounds[seq + 1]].long(), 0, 0].float()
+        weights = (q[seq].float() @ keys.T * scale).softmax(dim=-1)
+        o[seq] = _wrong(weights.to(torch.bfloat16).float() @ keys[:, :o.shape[-1]], fault)
+    return o, None
+
+
+def shuffle_weight(x, layout=(16, 16)):
+    """The double keeps weights as they are: its asm_moe reads them so (AITER's kernels read the shuffled layout)."""
+    return x
+
+
+def _asm_moe(hidden_states, w1, w2, topk_weight, topk_ids, *args, **kwargs):
+    """AITER's asm_moe for fp16 g1u0 weights (aiter.fmoe, ``fmoe_f16.co``): SiLU of the gate GEMM rounded to fp16,
+    the down GEMM, weighted by the routing, summed; faults under ``asm_moe:full:<tokens>``."""
+    fault = _fault_of("asm_moe", hidden_states.shape[0])
+    _load("fmoe_f16.co", "fmoe_kernel_func", fault)
+    out = torch.empty_like(hidden_states)  # moe_buf, from the caching allocator
+    total = torch.zeros(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+    for slot in range(topk_ids.shape[1]):
+        for expert in range(w1.shape[0]):
+            rows = topk_ids[:, slot] == expert
+            if bool(rows.any()):
+                act = torch.nn.functional.silu(hidden_states[rows].float() @ w1[expert].float().T).half().float()
+                total[rows] += (act @ w2[expert].float().T) * topk_weight[rows, slot:slot + 1]
+    out.copy_(_wrong(total, fault))
+    return out
+
+
+def _submodule(name, **attributes):
+    """``aiter.<name>`` as a module of this double, importable by ``importlib.import_module``."""
+    import types
+    module = types.ModuleType(f"{__name__}.{name}")
+    module.__dict__.update(attributes)
+    sys.modules[module.__name__] = module
+    return module
+
+
+mla = _submodule("mla", mla_decode_fwd=_mla_decode_fwd)
+fused_moe_bf16_asm = _submodule("fused_moe_bf16_asm", asm_moe=_asm_moe)
+ops = _submodule("ops", shuffle=_submodule("ops.shuffle", shuffle_weight=shuffle_weight))
