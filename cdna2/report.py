@@ -103,6 +103,8 @@ class RunReport:
         self.inventory = inventory
         self.started = started or datetime.now(timezone.utc)
         self.rows: dict[str, HostRow] = {}
+        # How the hosts were reached when not over SSH: the Slurm job steps the run started (cdna2/slurm/steps.py).
+        self.transport: dict[str, Any] | None = None
 
     def host(self, name: str) -> HostRow:
         return self.rows.setdefault(name, HostRow(host=name))
@@ -178,6 +180,7 @@ class RunReport:
                       for row in self.sorted_rows()],
             "failed_hosts": [row.host for row in self.sorted_rows() if row.status == FAILED],
             "shared_environments": self.shared_environments(),
+            "transport": self.transport,
         }
 
     def to_markdown(self) -> str:
@@ -196,6 +199,7 @@ class RunReport:
             "",
             f"**{self.summary()['text']}**",
             "",
+            *([self.transport["text"], ""] if self.transport else []),
             "| " + " | ".join(header) + " |",
             "|" + "---|" * len(header),
         ]

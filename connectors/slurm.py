@@ -1,0 +1,299 @@
+"""pyinfra's ``@slurm/NODE`` connector: a node of the current Slurm allocation, reached through job steps.
+
+Registered in the ``pyinfra.connectors`` entry point group (pyproject.toml; bin/setup installs it), so an inventory
+names a node ``@slurm/nid001007`` and the host is called ``nid001007``. Like pyinfra's chroot and docker connectors
+it wraps each command (``make_unix_command_for_host``: sudo, env, chdir as usual) in its own program, here
+``srun --overlap --jobid=J -w NODE -N1 -n1 sh -c COMMAND`` (cdna2/slurm/steps.py). Uploads go to the step's stdin
+byte for byte, downloads come from its stdout. A step Slurm refuses or ends (no such allocation, "Unable to create
+step", a node down, a time limit) raises ``SlurmRefusal`` with Slurm's words: pyinfra fails that host with them,
+never as the command's own exit status.
+
+The fan-out: hosts of one allocation that issue the same command (but for their own node name) at the same moment,
+as pyinfra's greenlets do when every host runs the same fact or operation, share ONE job step across their nodes
+(``_Gathering``); each host gets its own node's output and exit status. A command one host alone issues (the writer
+of a shared environment) runs in a step of its own. ``job_steps()`` counts the steps this run started.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections import Counter
+from functools import cache
+from typing import TYPE_CHECKING
+
+import gevent
+from gevent.event import Event
+from gevent.lock import Semaphore
+from pyinfra import logger
+from pyinfra.api.exceptions import ConnectError, InventoryError
+from pyinfra.api.util import get_file_io
+from pyinfra.connectors.base import BaseConnector, DataMeta
+from pyinfra.connectors.util import CommandOutput, OutputLine, make_unix_command_for_host
+from typing_extensions import override
+
+from cdna2.slurm import fanout
+from cdna2.slurm.allocation import SlurmError, expand_nodelist
+from cdna2.slurm.steps import (TASK_EXIT, fanout_step_argv, gpus_of, job_of, job_state, node_step_argv,
+                               slurm_refusal)
+
+if TYPE_CHECKING:
+    from pyinfra.api.host import Host
+
+# How long the first host of a fan-out waits for others after the last one joined, when not every host of the
+# allocation has: pyinfra starts every host's greenlet at once, so the others join within milliseconds or not at all.
+GATHER_QUIET_S = 0.1
+SCONTROL_TIMEOUT_S = 60
+
+
+class SlurmRefusal(OSError):
+    """Slurm refused or ended the job step: the command did not run (or was stopped) on the node. An OSError, so
+    pyinfra fails the host with the message as it does for a lost SSH connection."""
+
+
+_steps: Counter = Counter()
+_latencies: list[float] = []
+
+
+def job_steps() -> dict:
+    """The job steps this process started: on one node, and across several (with the nodes they covered), and
+    each step's wall time in seconds, for the report and the bench."""
+    return {"steps": _steps["node"] + _steps["fan-out"], "node_steps": _steps["node"],
+            "fanout_steps": _steps["fan-out"], "fanout_nodes": _steps["fan-out nodes"],
+            "latencies_s": list(_latencies)}
+
+
+def _run_step(argv: list[str], stdin: bytes | None = None, timeout: float | None = None,
+              kind: str = "node", nodes: int = 1) -> tuple[int, bytes, list[str]]:
+    _steps[kind] += 1
+    if kind == "fan-out":
+        _steps["fan-out nodes"] += nodes
+    started = time.monotonic()
+    try:
+        result = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True,
+                                timeout=timeout)
+    except FileNotFoundError as error:
+        raise SlurmRefusal(f"srun is not on PATH ({error}): load the Slurm module") from None
+    finally:
+        _latencies.append(time.monotonic() - started)
+    return result.returncode, result.stdout, result.stderr.decode("utf-8", errors="replace").splitlines()
+
+
+@cache
+def _allocation_nodes(job: str) -> frozenset[str] | str:
+    """The nodes of running job ``job``, or Slurm's words why it is not one (once per run and job)."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True,
+                           timeout=SCONTROL_TIMEOUT_S)
+    if shown.returncode != 0:
+        return f"scontrol show job {job}: {shown.stderr.strip() or shown.stdout.strip()}"
+    fields = job_state(shown.stdout)
+    if fields.get("JobState") != "RUNNING":
+        return (f"job {job} is {fields.get('JobState', 'unknown')} ({fields.get('Reason', 'no reason given')}), not "
+                f"running: its allocation has ended; start a new one (salloc)")
+    try:
+        return frozenset(expand_nodelist(fields.get("NodeList", ""), f"job {job}'s NodeList"))
+    except SlurmError as error:
+        return str(error)
+
+
+_allocation_lock = Semaphore()
+
+
+class _Gathering:
+    """The hosts that issued one command template of one allocation, waiting for its step."""
+
+    def __init__(self) -> None:
+        self.commands: dict[str, str] = {}  # node -> its command
+        self.closed = False
+        self.done = Event()
+        self.outcome: dict[str, tuple[int, CommandOutput] | SlurmRefusal] = {}
+
+
+_gatherings: dict[tuple, _Gathering] = {}
+
+
+class SlurmConnector(BaseConnector):
+    """A node of the current Slurm allocation (``$SLURM_JOB_ID``, or host data ``slurm_job``)."""
+
+    handles_execution = True
+    data_meta = {
+        "slurm_job": DataMeta("job id of the allocation holding the node (default: $SLURM_JOB_ID)"),
+        "slurm_gpus": DataMeta("GPUs each step asks for on the node (default: $SLURM_GPUS_PER_NODE's count)"),
+    }
+
+    def __init__(self, state, host: Host):
+        super().__init__(state, host)
+        self.node = host.data.get("slurm_node") or host.name
+        self.job = ""
+        self.gpus: int | None = None
+
+    @override
+    @staticmethod
+    def make_names_data(name: str | None = None):
+        if not name:
+            raise InventoryError("@slurm needs a node of the allocation: @slurm/<node>")
+        yield name, {"slurm_node": name}, ["@slurm"]
+
+    @override
+    def connect(self) -> None:
+        try:
+            self.job = str(self.host.data.get("slurm_job") or job_of(os.environ))
+        except SlurmError as error:
+            raise ConnectError(str(error)) from None
+        self.gpus = self.host.data.get("slurm_gpus") or gpus_of(os.environ)
+        with _allocation_lock:  # one scontrol for all hosts of the job
+            nodes = _allocation_nodes(self.job)
+        if isinstance(nodes, str):
+            raise ConnectError(f"{self.node}: {nodes}")
+        if self.node not in nodes:
+            raise ConnectError(f"{self.node} is not a node of job {self.job} ({', '.join(sorted(nodes)[:8])}"
+                               f"{', ...' if len(nodes) > 8 else ''}): name the allocation's nodes")
+
+    @override
+    def run_shell_command(self, command, print_output: bool = False, print_input: bool = False, **arguments):
+        arguments.pop("_get_pty", None)
+        stdin = arguments.pop("_stdin", None)
+        timeout = arguments.pop("_timeout", None)
+        success_exit_codes = arguments.pop("_success_exit_codes", None)
+        unix_command = make_unix_command_for_host(self.state, self.host, command, **arguments)
+        if print_input:
+            logger.info(f"{self.host.print_prefix}>>> {unix_command}")
+        raw = unix_command.get_raw_value()
+        if stdin is None and timeout is None:
+            returncode, output = self._gathered(raw)
+        else:
+            data = stdin if isinstance(stdin, bytes) else "\n".join(stdin if isinstance(stdin, list) else [stdin])
+            returncode, output = self._on_node(raw, data if isinstance(data, bytes) else data.encode(), timeout)
+        if print_output:
+            for line in output:
+                logger.info(f"{self.host.print_prefix}{line.line}")
+        return (returncode in success_exit_codes if success_exit_codes else returncode == 0), output
+
+    def _step_refused(self, returncode: int, stderr: list[str]) -> None:
+        words = slurm_refusal(returncode, stderr)
+        if words:
+            raise SlurmRefusal(f"{self.node}: Slurm refused or ended the job step (job {self.job}): {words}")
+
+    def _on_node(self, command: str, stdin: bytes | None = None,
+                 timeout: float | None = None) -> tuple[int, CommandOutput]:
+        returncode, stdout, stderr = _run_step(node_step_argv(self.job, self.node, command, self.gpus), stdin,
+                                               timeout)
+        self._step_refused(returncode, stderr)
+        # srun's line for the task's non-zero exit is Slurm's report of the status returned here, not the command's.
+        return returncode, _output(stdout.decode("utf-8", errors="replace"),
+                                   [line for line in stderr if not TASK_EXIT.match(line)])
+
+    def _gathered(self, command: str) -> tuple[int, CommandOutput]:
+        """Run ``command`` in a job step shared with the other hosts of this allocation that issue the same one
+        now (the first of them leads: it waits for the others, starts the step, hands each its result)."""
+        template = fanout.template_of(command, self.node)
+        if template is None:
+            return self._on_node(command)
+        key = (self.job, self.gpus, template)
+        gathering = _gatherings.get(key)
+        leads = gathering is None
+        if leads:
+            gathering = _gatherings[key] = _Gathering()
+        gathering.commands[self.node] = command
+        if leads:
+            self._wait_for_others(gathering)
+            gathering.closed = True
+            del _gatherings[key]
+            try:
+                self._run_gathering(gathering, template)
+            finally:
+                gathering.done.set()
+        else:
+            gathering.done.wait()
+        outcome = gathering.outcome.get(self.node) or SlurmRefusal(f"{self.node}: no result from the job step")
+        if isinstance(outcome, SlurmRefusal):
+            raise outcome
+        return outcome
+
+    def _wait_for_others(self, gathering: _Gathering) -> None:
+        expected = {host.data.get("slurm_node") or host.name for host in self.state.inventory.get_active_hosts()
+                    if isinstance(host.connector, SlurmConnector) and host.connector.job == self.job}
+        while not expected <= gathering.commands.keys():
+            joined = len(gathering.commands)
+            gevent.sleep(GATHER_QUIET_S)
+            if len(gathering.commands) == joined:
+                return
+
+    def _run_gathering(self, gathering: _Gathering, template: str) -> None:
+        nodes = sorted(gathering.commands)
+        if len(nodes) == 1:
+            try:
+                gathering.outcome[self.node] = self._on_node(gathering.commands[self.node])
+            except SlurmRefusal as refusal:
+                gathering.outcome[self.node] = refusal
+            return
+        returncode, stdout, stderr = _run_step(fanout_step_argv(self.job, nodes, fanout.TASK_SCRIPT, template,
+                                                                gpus=self.gpus), kind="fan-out", nodes=len(nodes))
+        found = fanout.results(stdout.decode("utf-8", errors="replace"))
+        if not found:
+            # Slurm ended the whole step (a node that cannot start its task takes the step with it): each node
+            # is asked on its own, so the others still get their result and the failed one Slurm's words.
+            for node in nodes:
+                connector = _connector_of(self.state, self.job, node)
+                try:
+                    gathering.outcome[node] = connector._on_node(gathering.commands[node])
+                except SlurmRefusal as refusal:
+                    gathering.outcome[node] = refusal
+            return
+        words = slurm_refusal(returncode, stderr) or f"no result came back (srun exit {returncode})"
+        for node in nodes:
+            result = found.get(node)
+            gathering.outcome[node] = (
+                (result.status, _output(result.stdout, result.stderr.splitlines())) if result else
+                SlurmRefusal(f"{node}: Slurm refused or ended the job step (job {self.job}): {words}"))
+
+    @override
+    def put_file(self, filename_or_io, remote_filename, remote_temp_filename=None, print_output: bool = False,
+                 print_input: bool = False, **arguments) -> bool:
+        with get_file_io(filename_or_io) as file_io:
+            data = file_io.read()
+        data = data.encode() if isinstance(data, str) else data
+        # Written beside the target and renamed over it: a cut step leaves no half file under the final name.
+        partial = f"{remote_filename}.partial-{os.getpid()}"
+        arguments = {key: value for key, value in arguments.items() if key != "_stdin"}
+        status, output = self.run_shell_command(
+            f"cat > '{_quoted(partial)}' && mv -f '{_quoted(partial)}' '{_quoted(remote_filename)}'",
+            _stdin=data, **arguments)
+        if not status:
+            raise OSError(f"{self.node}: upload to {remote_filename} failed: {output.stderr}")
+        return True
+
+    @override
+    def get_file(self, remote_filename, filename_or_io, remote_temp_filename=None, print_output: bool = False,
+                 print_input: bool = False, **arguments) -> bool:
+        unix_command = make_unix_command_for_host(self.state, self.host, f"cat '{_quoted(remote_filename)}'",
+                                                  **{key: value for key, value in arguments.items()
+                                                     if key not in ("_stdin", "_timeout", "_get_pty",
+                                                                    "_success_exit_codes")})
+        returncode, stdout, stderr = _run_step(node_step_argv(self.job, self.node, unix_command.get_raw_value(),
+                                                              self.gpus))
+        self._step_refused(returncode, stderr)
+        if returncode != 0:
+            raise OSError(f"{self.node}: download of {remote_filename} failed: {' '.join(stderr)[-500:]}")
+        with get_file_io(filename_or_io, "wb") as file_io:
+            file_io.write(stdout)
+        return True
+
+
+def _quoted(path: str) -> str:
+    """``path`` for inside single quotes."""
+    return path.replace("'", "'\\''")
+
+
+def _output(stdout: str, stderr: list[str]) -> CommandOutput:
+    return CommandOutput([*(OutputLine("stdout", line) for line in stdout.splitlines()),
+                          *(OutputLine("stderr", line) for line in stderr)])
+
+
+def _connector_of(state, job: str, node: str) -> SlurmConnector:
+    for host in state.inventory:
+        connector = host.connector
+        if isinstance(connector, SlurmConnector) and connector.job == job and connector.node == node:
+            return connector
+    raise KeyError(node)
