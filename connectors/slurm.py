@@ -8,10 +8,10 @@ byte for byte, downloads come from its stdout. A step Slurm refuses or ends (no 
 step", a node down, a time limit) raises ``SlurmRefusal`` with Slurm's words: pyinfra fails that host with them,
 never as the command's own exit status.
 
-The fan-out: hosts of one allocation that issue the same command (but for their own node name) at the same moment,
-as pyinfra's greenlets do when every host runs the same fact or operation, share ONE job step across their nodes
-(``_Gathering``); each host gets its own node's output and exit status. A command one host alone issues (the writer
-of a shared environment) runs in a step of its own. ``job_steps()`` counts the steps this run started.
+The fan-out: hosts of one allocation that issue a command at the same moment, as pyinfra's greenlets do when every
+host runs the same fact or operation, share ONE job step across their nodes (``_Gathering``, cdna2/slurm/fanout.py);
+each host gets its own node's output and exit status. A command one host alone issues (the writer of a shared
+environment) runs in a step of its own. ``job_steps()`` counts the steps this run started.
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ if TYPE_CHECKING:
     from pyinfra.api.host import Host
 
 # How long the first host of a fan-out waits for others after the last one joined, when not every host of the
-# allocation has: pyinfra starts every host's greenlet at once, so the others join within milliseconds or not at all.
-GATHER_QUIET_S = 0.1
+# allocation has. Running operations, pyinfra starts every host's greenlet at once, so the others join within
+# milliseconds or not at all; running the deploy files (facts), a host may first wait on other work of its own
+# (a subprocess on the controller), so the window is longer there.
+GATHER_QUIET_S = {True: 0.1, False: 1.0}  # by state.is_executing
+GATHER_TICK_S = 0.02
 SCONTROL_TIMEOUT_S = 60
 
 
@@ -52,23 +55,36 @@ class SlurmRefusal(OSError):
     pyinfra fails the host with the message as it does for a lost SSH connection."""
 
 
-_steps: Counter = Counter()
+_node_steps: Counter = Counter()  # node -> steps on it alone
+_fanouts: list[int] = []  # nodes of each step across several
 _latencies: list[float] = []
+_refusals: dict[str, list[str]] = {}  # node -> Slurm's words, for the report
+
+
+def refusals() -> dict[str, list[str]]:
+    """The nodes whose steps Slurm refused or ended in this run, with its words."""
+    return {node: list(words) for node, words in _refusals.items()}
+
+
+def _refused(node: str, message: str) -> SlurmRefusal:
+    _refusals.setdefault(node, []).append(message)
+    return SlurmRefusal(message)
 
 
 def job_steps() -> dict:
-    """The job steps this process started: on one node, and across several (with the nodes they covered), and
-    each step's wall time in seconds, for the report and the bench."""
-    return {"steps": _steps["node"] + _steps["fan-out"], "node_steps": _steps["node"],
-            "fanout_steps": _steps["fan-out"], "fanout_nodes": _steps["fan-out nodes"],
-            "latencies_s": list(_latencies)}
+    """The job steps this process started: on one node (by node), across several (with the nodes they covered),
+    and each step's wall time in seconds, for the report and the bench."""
+    return {"steps": _node_steps.total() + len(_fanouts), "node_steps": _node_steps.total(),
+            "node_steps_by_node": dict(sorted(_node_steps.items())), "fanout_steps": len(_fanouts),
+            "fanout_nodes": sum(_fanouts), "latencies_s": list(_latencies)}
 
 
-def _run_step(argv: list[str], stdin: bytes | None = None, timeout: float | None = None,
-              kind: str = "node", nodes: int = 1) -> tuple[int, bytes, list[str]]:
-    _steps[kind] += 1
-    if kind == "fan-out":
-        _steps["fan-out nodes"] += nodes
+def _run_step(argv: list[str], nodes: list[str], stdin: bytes | None = None,
+              timeout: float | None = None) -> tuple[int, bytes, list[str]]:
+    if len(nodes) == 1:
+        _node_steps[nodes[0]] += 1
+    else:
+        _fanouts.append(len(nodes))
     started = time.monotonic()
     try:
         result = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True,
@@ -101,11 +117,10 @@ _allocation_lock = Semaphore()
 
 
 class _Gathering:
-    """The hosts that issued one command template of one allocation, waiting for its step."""
+    """The hosts of one allocation that issued a command at the same moment, waiting for their step."""
 
     def __init__(self) -> None:
         self.commands: dict[str, str] = {}  # node -> its command
-        self.closed = False
         self.done = Event()
         self.outcome: dict[str, tuple[int, CommandOutput] | SlurmRefusal] = {}
 
@@ -173,24 +188,21 @@ class SlurmConnector(BaseConnector):
     def _step_refused(self, returncode: int, stderr: list[str]) -> None:
         words = slurm_refusal(returncode, stderr)
         if words:
-            raise SlurmRefusal(f"{self.node}: Slurm refused or ended the job step (job {self.job}): {words}")
+            raise _refused(self.node, f"{self.node}: Slurm refused or ended the job step (job {self.job}): {words}")
 
     def _on_node(self, command: str, stdin: bytes | None = None,
                  timeout: float | None = None) -> tuple[int, CommandOutput]:
-        returncode, stdout, stderr = _run_step(node_step_argv(self.job, self.node, command, self.gpus), stdin,
-                                               timeout)
+        returncode, stdout, stderr = _run_step(node_step_argv(self.job, self.node, command, self.gpus), [self.node],
+                                               stdin, timeout)
         self._step_refused(returncode, stderr)
         # srun's line for the task's non-zero exit is Slurm's report of the status returned here, not the command's.
         return returncode, _output(stdout.decode("utf-8", errors="replace"),
                                    [line for line in stderr if not TASK_EXIT.match(line)])
 
     def _gathered(self, command: str) -> tuple[int, CommandOutput]:
-        """Run ``command`` in a job step shared with the other hosts of this allocation that issue the same one
-        now (the first of them leads: it waits for the others, starts the step, hands each its result)."""
-        template = fanout.template_of(command, self.node)
-        if template is None:
-            return self._on_node(command)
-        key = (self.job, self.gpus, template)
+        """Run ``command`` in a job step shared with the other hosts of this allocation that issue theirs now (the
+        first of them leads: it waits for the others, starts the step, hands each its result)."""
+        key = (self.job, self.gpus)
         gathering = _gatherings.get(key)
         leads = gathering is None
         if leads:
@@ -198,55 +210,61 @@ class SlurmConnector(BaseConnector):
         gathering.commands[self.node] = command
         if leads:
             self._wait_for_others(gathering)
-            gathering.closed = True
             del _gatherings[key]
             try:
-                self._run_gathering(gathering, template)
+                self._run_gathering(gathering)
             finally:
                 gathering.done.set()
         else:
             gathering.done.wait()
-        outcome = gathering.outcome.get(self.node) or SlurmRefusal(f"{self.node}: no result from the job step")
+        outcome = gathering.outcome.get(self.node) or _refused(self.node, f"{self.node}: no result from the job step")
         if isinstance(outcome, SlurmRefusal):
             raise outcome
         return outcome
 
     def _wait_for_others(self, gathering: _Gathering) -> None:
-        expected = {host.data.get("slurm_node") or host.name for host in self.state.inventory.get_active_hosts()
-                    if isinstance(host.connector, SlurmConnector) and host.connector.job == self.job}
-        while not expected <= gathering.commands.keys():
-            joined = len(gathering.commands)
-            gevent.sleep(GATHER_QUIET_S)
-            if len(gathering.commands) == joined:
+        """Until every active host of this allocation joined, or none joined for the quiet window."""
+        quiet = GATHER_QUIET_S[bool(self.state.is_executing)]
+        joined, last_join = len(gathering.commands), time.monotonic()
+        while not self._expected_nodes() <= gathering.commands.keys():
+            gevent.sleep(GATHER_TICK_S)
+            if len(gathering.commands) != joined:
+                joined, last_join = len(gathering.commands), time.monotonic()
+            elif time.monotonic() - last_join >= quiet:
                 return
 
-    def _run_gathering(self, gathering: _Gathering, template: str) -> None:
-        nodes = sorted(gathering.commands)
-        if len(nodes) == 1:
-            try:
-                gathering.outcome[self.node] = self._on_node(gathering.commands[self.node])
-            except SlurmRefusal as refusal:
-                gathering.outcome[self.node] = refusal
+    def _expected_nodes(self) -> set[str]:
+        return {host.data.get("slurm_node") or host.name for host in self.state.inventory.get_active_hosts()
+                if host.connector_cls is SlurmConnector
+                and str(host.data.get("slurm_job") or os.environ.get("SLURM_JOB_ID", "")) == self.job}
+
+    def _run_gathering(self, gathering: _Gathering) -> None:
+        batches = fanout.step_batches(gathering.commands) if len(gathering.commands) > 1 else None
+        if batches is None:
+            self._each_on_its_node(gathering, sorted(gathering.commands))
             return
-        returncode, stdout, stderr = _run_step(fanout_step_argv(self.job, nodes, fanout.TASK_SCRIPT, template,
-                                                                gpus=self.gpus), kind="fan-out", nodes=len(nodes))
-        found = fanout.results(stdout.decode("utf-8", errors="replace"))
-        if not found:
-            # Slurm ended the whole step (a node that cannot start its task takes the step with it): each node
-            # is asked on its own, so the others still get their result and the failed one Slurm's words.
+        for nodes, arguments in batches:
+            returncode, stdout, stderr = _run_step(fanout_step_argv(self.job, nodes, fanout.TASK_SCRIPT, *arguments,
+                                                                    gpus=self.gpus), nodes)
+            found = fanout.results(stdout.decode("utf-8", errors="replace"))
+            if not found:
+                # Slurm refused the whole step (it does when one of its nodes is no longer in the allocation):
+                # each node is asked on its own, so the others still get their result and that one Slurm's words.
+                self._each_on_its_node(gathering, nodes)
+                continue
+            words = slurm_refusal(returncode, stderr) or f"no result came back (srun exit {returncode})"
             for node in nodes:
-                connector = _connector_of(self.state, self.job, node)
-                try:
-                    gathering.outcome[node] = connector._on_node(gathering.commands[node])
-                except SlurmRefusal as refusal:
-                    gathering.outcome[node] = refusal
-            return
-        words = slurm_refusal(returncode, stderr) or f"no result came back (srun exit {returncode})"
+                result = found.get(node)
+                gathering.outcome[node] = (
+                    (result.status, _output(result.stdout, result.stderr.splitlines())) if result else
+                    _refused(node, f"{node}: Slurm refused or ended the job step (job {self.job}): {words}"))
+
+    def _each_on_its_node(self, gathering: _Gathering, nodes: list[str]) -> None:
         for node in nodes:
-            result = found.get(node)
-            gathering.outcome[node] = (
-                (result.status, _output(result.stdout, result.stderr.splitlines())) if result else
-                SlurmRefusal(f"{node}: Slurm refused or ended the job step (job {self.job}): {words}"))
+            try:
+                gathering.outcome[node] = _connector_of(self.state, self.job, node)._on_node(gathering.commands[node])
+            except SlurmRefusal as refusal:
+                gathering.outcome[node] = refusal
 
     @override
     def put_file(self, filename_or_io, remote_filename, remote_temp_filename=None, print_output: bool = False,
@@ -272,7 +290,7 @@ class SlurmConnector(BaseConnector):
                                                      if key not in ("_stdin", "_timeout", "_get_pty",
                                                                     "_success_exit_codes")})
         returncode, stdout, stderr = _run_step(node_step_argv(self.job, self.node, unix_command.get_raw_value(),
-                                                              self.gpus))
+                                                              self.gpus), [self.node])
         self._step_refused(returncode, stderr)
         if returncode != 0:
             raise OSError(f"{self.node}: download of {remote_filename} failed: {' '.join(stderr)[-500:]}")

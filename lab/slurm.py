@@ -5,8 +5,8 @@ step runs "on" that host: its hostname, its /opt/rocm stand-in, its /opt/venv an
 built with multiple-slurmd support, which is what lets several slurmd share this machine: each node line has its
 own ``Port``, ``%n`` names each node's spool, pid and log files, and every daemon stays on 127.0.0.1 (a slurmd binds
 what the machine's host name resolves to; per-node loopback addresses register but steps then fail with
-"Communication connection failure"). Ports are derived from ``CDNA2_LAB_NET`` (else the lab directory), so the labs
-of two checkouts never collide. Nothing is started as a service; every daemon is stopped by the pid the lab recorded.
+"Communication connection failure"). Ports are derived from the lab's subnet (so from ``CDNA2_LAB_NET``): the labs of
+two checkouts never collide. Nothing is started as a service; every daemon is stopped by the pid the lab recorded.
 
     ./lab/up 4 --slurm        # hosts, then munged, slurmctld and a slurmd per host
     export SLURM_CONF=.lab/slurm/slurm.conf    # what up prints: the client commands' configuration
@@ -15,7 +15,6 @@ of two checkouts never collide. Nothing is started as a service; every daemon is
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import signal
@@ -24,19 +23,19 @@ import subprocess
 import time
 from pathlib import Path
 
-from lab.kinds import LAB_NET
 from lab.labstate import LabPaths, progress, write_atomically
-from lab.processes import process_state, wait_gone
+from lab.processes import namespace_processes, process_state, wait_gone
 
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
 MUNGEKEY = "/usr/sbin/mungekey"
 PARTITION = "lab"
-# Ports of one lab: slurmctld at the base, node i's slurmd at base + 1 + i.
-PORTS_PER_LAB = 40
+# Ports of one lab: slurmctld at the base, node i's slurmd at base + 1 + i. Eight labs per CDNA2_LAB_NET (by their
+# subnet's last octet), 256 nets: 20000 to 60960, below the ephemeral ports.
+PORTS_PER_LAB = 20
 MAX_NODES = PORTS_PER_LAB - 1
-FIRST_PORT = 17000
+FIRST_PORT = 20000
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 # A slurmd that stops answering is declared DOWN after this, and its jobs ended (the killed-slurmd test waits it).
@@ -79,14 +78,12 @@ def client_environment(paths: LabPaths, base: dict[str, str] | None = None) -> d
     return environment
 
 
-def port_base(paths: LabPaths) -> int:
-    """The lab's first port: from CDNA2_LAB_NET's second octet when set (each checkout has its own), else from its
-    directory, so two labs side by side never bind the same port."""
-    if os.environ.get("CDNA2_LAB_NET"):
-        slot = int(LAB_NET.split(".")[1])
-    else:
-        slot = int(hashlib.sha256(str(paths.root).encode()).hexdigest()[:8], 16) % 256
-    return FIRST_PORT + PORTS_PER_LAB * slot
+def port_base(subnet: str) -> int:
+    """The lab's first port, from its subnet (127.<CDNA2_LAB_NET's octet>.<the lab's>): checkouts side by side each
+    have their own CDNA2_LAB_NET, and the labs of one checkout their own subnet, so no two bind the same port (but
+    two labs of one checkout whose subnets' last octets are equal modulo 8; the start then fails on the port)."""
+    _, net, lab = (int(octet) for octet in subnet.split("."))
+    return FIRST_PORT + PORTS_PER_LAB * (net * 8 + lab % 8)
 
 
 def _cpu_layout() -> dict[str, int]:
@@ -95,9 +92,9 @@ def _cpu_layout() -> dict[str, int]:
     return {"CPUs": cpus, "Sockets": 1, "CoresPerSocket": cpus, "ThreadsPerCore": 1}
 
 
-def config_text(paths: LabPaths, node_names: list[str]) -> str:
+def config_text(paths: LabPaths, subnet: str, node_names: list[str]) -> str:
     root = slurm_dir(paths)
-    base = port_base(paths)
+    base = port_base(subnet)
     layout = " ".join(f"{key}={value}" for key, value in _cpu_layout().items())
     lines = [
         "# slurm.conf of the simulated lab (written by lab/slurm.py): one slurmctld, a slurmd per lab host",
@@ -149,7 +146,9 @@ def config_text(paths: LabPaths, node_names: list[str]) -> str:
 
 def _alive(pid: int, executable: str) -> bool:
     try:
-        return os.readlink(f"/proc/{pid}/exe") == executable and process_state(pid) not in (None, "Z")
+        # Debian installs the daemons as alternatives (/usr/sbin/slurmctld -> slurmctld-wlm): compare real paths.
+        return (os.readlink(f"/proc/{pid}/exe") == os.path.realpath(executable)
+                and process_state(pid) not in (None, "Z"))
     except OSError:
         return False
 
@@ -226,8 +225,8 @@ def start(paths: LabPaths, lab: dict) -> dict:
     names = [host["name"] for host in hosts]
     for name in names:
         (root / "spool" / name).mkdir(exist_ok=True)
-    write_atomically(config_path(paths), config_text(paths, names))
-    recorded: dict = {"conf": str(config_path(paths)), "port_base": port_base(paths), "nodes": names,
+    write_atomically(config_path(paths), config_text(paths, lab["subnet"], names))
+    recorded: dict = {"conf": str(config_path(paths)), "port_base": port_base(lab["subnet"]), "nodes": names,
                       "host_pids": {host["name"]: host["pid"] for host in hosts}, "slurmd_pids": {}}
     lab["slurm"] = recorded
     recorded["munged_pid"] = _start_munged(root)
@@ -262,12 +261,31 @@ def _stop(pid: int, executable: str, what: str) -> str:
     return f"{what}: stopped pid {pid}"
 
 
+def _step_processes(slurmd_pid: int, host_pid: int) -> list[int]:
+    """What runs in a slurmd's host namespaces but the host's sshd: its slurmstepd and their tasks, which outlive
+    a stopped slurmd."""
+    if not _alive(slurmd_pid, SLURMD):
+        return []
+    return [pid for pid in namespace_processes(slurmd_pid) if pid != host_pid]
+
+
 def stop(lab: dict) -> list[str]:
-    """Stop the recorded daemons: every slurmd first, then slurmctld, munged last."""
+    """Stop the recorded daemons: every slurmd first (with the steps still running on its node), then slurmctld,
+    munged last."""
     recorded = lab.get("slurm")
     if not recorded:
         return []
-    outcomes = [_stop(pid, SLURMD, f"slurmd {name}") for name, pid in recorded["slurmd_pids"].items()]
+    outcomes = []
+    for name, pid in recorded["slurmd_pids"].items():
+        steps = _step_processes(pid, recorded["host_pids"][name])
+        outcomes.append(_stop(pid, SLURMD, f"slurmd {name}"))
+        for step in steps:
+            try:
+                os.kill(step, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+        if steps:
+            outcomes.append(f"slurmd {name}: killed {len(steps)} process(es) of its job steps")
     if "slurmctld_pid" in recorded:
         outcomes.append(_stop(recorded["slurmctld_pid"], SLURMCTLD, "slurmctld"))
     if "munged_pid" in recorded:

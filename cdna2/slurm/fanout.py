@@ -1,11 +1,13 @@
-"""One job step for a command the nodes run alike: each node's command, output and exit status, framed.
+"""One job step for the commands several nodes run at once: each node's command, output and exit status, framed.
 
-The controller hands every node of a phase its own command; where those commands are the same but for the node's
-own name (a state directory per node, say), they are one template: the node's name is replaced by a token the
-command does not contain, and each task puts its own name back (``$SLURMD_NODENAME``), so a node runs exactly the
-command it was given. Each task runs it with its output captured, then prints a frame: its node name, the exit
-status, stdout and stderr in base64 lines (short lines: srun interleaves the tasks' output line by line, each
-labelled with its task number by ``--label``). ``results`` rebuilds each node's output from its task's lines.
+Each node of the step has its own command, passed as arguments of the step. The commands a phase gives its nodes are
+mostly the same but for the node's own name (a state directory per node, say), so each is made a template: the
+node's name is replaced by a token the command does not contain, and each task puts its own name back
+(``$SLURMD_NODENAME``); equal templates are passed once, with a map of which node runs which, so a node runs exactly
+the command it was given and the step's size grows with the distinct commands, not the nodes. Each task runs its
+command with its output captured, then prints a frame: its node name, the exit status, stdout and stderr in base64
+lines (short lines: srun interleaves the tasks' output line by line, each labelled with its task number by
+``--label``). ``results`` rebuilds each node's output from its task's lines.
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ from dataclasses import dataclass
 
 NODE_TOKEN = "@CDNA2_SLURM_NODE@"
 _MARK = "CDNA2-FANOUT"
-# Run by every task of the step: $1 the command template.
+# The arguments of one step, at most: Linux takes 2 MiB of arguments and environment for a program, and at most
+# 128 KiB in one argument (a probe is about 70 KiB).
+STEP_ARGUMENT_BYTES = 1 << 20
+ARGUMENT_BYTES = (128 << 10) - 1
+# Run by every task of the step: $1 the map "node=index ...", then the templates ($2 is index 1).
 TASK_SCRIPT = f"""node="${{SLURMD_NODENAME:?not in a Slurm job step}}"
-command=$(printf '%s\\n' "$1" | sed "s/{NODE_TOKEN}/$node/g")
+index=$(printf '%s\\n' "$1" | tr ' ' '\\n' | sed -n "s/^$node=//p")
+[ -n "$index" ] || {{ echo "no command for node $node in this step" >&2; exit 70; }}
+eval "template=\\"\\${{$((index + 1))}}\\""
+command=$(printf '%s\\n' "$template" | sed "s/{NODE_TOKEN}/$node/g")
 out=$(mktemp) && err=$(mktemp) || exit 70
 sh -c "$command" </dev/null >"$out" 2>"$err"
 status=$?
@@ -45,6 +54,34 @@ def template_of(command: str, node: str) -> str | None:
     if NODE_TOKEN in command:
         return None
     return command.replace(node, NODE_TOKEN)
+
+
+def step_batches(commands: dict[str, str]) -> list[tuple[list[str], list[str]]] | None:
+    """``commands`` (node -> its command) as the nodes and arguments of as few steps as the argument limits allow
+    (usually one); None when a command cannot be passed this way (it holds the token, or is too long for one
+    argument), and each node then runs its own step."""
+    batches: list[tuple[list[str], list[str]]] = []
+    nodes: list[str] = []
+    templates: dict[str, int] = {}
+    size = 0
+    for node in sorted(commands):
+        template = template_of(commands[node], node)
+        if template is None or len(template.encode()) > ARGUMENT_BYTES:
+            return None
+        if template not in templates and size + len(template.encode()) > STEP_ARGUMENT_BYTES and nodes:
+            batches.append(_batch(nodes, templates, commands))
+            nodes, templates, size = [], {}, 0
+        if template not in templates:
+            templates[template] = len(templates) + 1
+            size += len(template.encode())
+        nodes.append(node)
+    batches.append(_batch(nodes, templates, commands))
+    return batches
+
+
+def _batch(nodes: list[str], templates: dict[str, int], commands: dict[str, str]) -> tuple[list[str], list[str]]:
+    index_of = " ".join(f"{node}={templates[template_of(commands[node], node)]}" for node in nodes)
+    return nodes, [index_of, *templates]
 
 
 def results(labelled_stdout: str) -> dict[str, NodeResult]:

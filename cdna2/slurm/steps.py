@@ -24,7 +24,9 @@ GPUS_PER_NODE_VARIABLE = "SLURM_GPUS_PER_NODE"
 TASK_EXIT = re.compile(r"^srun: error: [^:]+: tasks? [0-9,-]+: (Exited with exit code \d+|Killed|Terminated|"
                        r"Segmentation fault|Aborted)")
 # Lines in which Slurm itself speaks: srun's errors, and slurmstepd ending the step (time limit, node failure).
-SLURM_LINE = re.compile(r"^(srun: error: |srun: Job step aborted|srun: Force Terminated|slurmstepd: error: \*\*\* )")
+# slurmstepd names itself "slurmstepd-<node>" in these lines.
+SLURM_LINE = re.compile(r"^(srun: error: |srun: Job step aborted|srun: Force Terminated|"
+                        r"slurmstepd(-[^:]+)?: error: \*\*\* )")
 
 
 def job_of(environ: Mapping[str, str]) -> str:
