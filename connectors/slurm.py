@@ -23,11 +23,14 @@ from collections import Counter
 from functools import cache
 from typing import TYPE_CHECKING
 
+from weakref import WeakKeyDictionary
+
 import gevent
 from gevent.event import Event
 from gevent.lock import Semaphore
 from pyinfra import logger
 from pyinfra.api.exceptions import ConnectError, InventoryError
+from pyinfra.api.state import BaseStateCallback
 from pyinfra.api.util import get_file_io
 from pyinfra.connectors.base import BaseConnector, DataMeta
 from pyinfra.connectors.util import CommandOutput, OutputLine, make_unix_command_for_host
@@ -116,6 +119,22 @@ def _allocation_nodes(job: str) -> frozenset[str] | str:
 _allocation_lock = Semaphore()
 
 
+class _OperationTracker(BaseStateCallback):
+    """Which operation pyinfra is running on every host at once: only the hosts that have it issue its commands."""
+
+    current: WeakKeyDictionary = WeakKeyDictionary()  # state -> op hash
+
+    @staticmethod
+    def operation_start(state, op_hash):  # type: ignore[override]
+        _OperationTracker.current[state] = op_hash
+
+    @staticmethod
+    def install(state) -> None:
+        if state not in _OperationTracker.current:
+            _OperationTracker.current[state] = None
+            state.add_callback_handler(_OperationTracker())
+
+
 class _Gathering:
     """The hosts of one allocation that issued a command at the same moment, waiting for their step."""
 
@@ -157,6 +176,7 @@ class SlurmConnector(BaseConnector):
         except SlurmError as error:
             raise ConnectError(str(error)) from None
         self.gpus = self.host.data.get("slurm_gpus") or gpus_of(os.environ)
+        _OperationTracker.install(self.state)
         with _allocation_lock:  # one scontrol for all hosts of the job
             nodes = _allocation_nodes(self.job)
         if isinstance(nodes, str):
@@ -234,9 +254,13 @@ class SlurmConnector(BaseConnector):
                 return
 
     def _expected_nodes(self) -> set[str]:
+        """The nodes of this allocation that may issue a command now: while operations run, those that have the
+        running operation; while the deploy files run, all of them."""
+        operation = _OperationTracker.current.get(self.state) if self.state.is_executing else None
         return {host.data.get("slurm_node") or host.name for host in self.state.inventory.get_active_hosts()
                 if host.connector_cls is SlurmConnector
-                and str(host.data.get("slurm_job") or os.environ.get("SLURM_JOB_ID", "")) == self.job}
+                and str(host.data.get("slurm_job") or os.environ.get("SLURM_JOB_ID", "")) == self.job
+                and (operation is None or operation in self.state.ops.get(host, {}))}
 
     def _run_gathering(self, gathering: _Gathering) -> None:
         batches = fanout.step_batches(gathering.commands) if len(gathering.commands) > 1 else None
