@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import uuid
 from collections import Counter
 from functools import cache
 from typing import TYPE_CHECKING
@@ -297,7 +298,7 @@ class SlurmConnector(BaseConnector):
             data = file_io.read()
         data = data.encode() if isinstance(data, str) else data
         # Written beside the target and renamed over it: a cut step leaves no half file under the final name.
-        partial = f"{remote_filename}.partial-{os.getpid()}"
+        partial = f"{remote_filename}.partial-{uuid.uuid4().hex[:12]}"
         arguments = {key: value for key, value in arguments.items() if key != "_stdin"}
         status, output = self.run_shell_command(
             f"cat > '{_quoted(partial)}' && mv -f '{_quoted(partial)}' '{_quoted(remote_filename)}'",
