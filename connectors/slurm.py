@@ -23,7 +23,6 @@ import uuid
 from collections import Counter
 from functools import cache
 from typing import TYPE_CHECKING
-
 from weakref import WeakKeyDictionary
 
 import gevent
