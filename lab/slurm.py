@@ -144,6 +144,20 @@ def config_text(paths: LabPaths, subnet: str, node_names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _check_ports_free(base: int, nodes: int) -> None:
+    for port in range(base, base + 1 + nodes):
+        with socket.socket() as probe:
+            # As the daemons bind: a port a stopped daemon left in TIME_WAIT is free, a listening one is not.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as error:
+                raise RuntimeError(f"port {port} of this lab's Slurm (ports {base}-{base + nodes}, from its subnet) "
+                                   f"is taken ({error.strerror}): another lab of this CDNA2_LAB_NET whose subnet's "
+                                   f"last octet is equal modulo 8, or another program; give this lab another "
+                                   f"--subnet") from None
+
+
 def _alive(pid: int, executable: str) -> bool:
     try:
         # Debian installs the daemons as alternatives (/usr/sbin/slurmctld -> slurmctld-wlm): compare real paths.
@@ -218,6 +232,7 @@ def start(paths: LabPaths, lab: dict) -> dict:
     hosts = lab["hosts"]
     if len(hosts) > MAX_NODES:
         raise ValueError(f"a Slurm lab has at most {MAX_NODES} nodes (its port range), not {len(hosts)}")
+    _check_ports_free(port_base(lab["subnet"]), len(hosts))
     root = slurm_dir(paths)
     shutil.rmtree(root / "state", ignore_errors=True)
     for directory in ("state", "spool", "run", "log"):
