@@ -2,7 +2,7 @@
 
 Inside an allocation, with the Python environment to provision active in the shell:
 
-    salloc -N 16 -p <partition> -t 1:00:00
+    salloc -N 16 -p <partition> -t 1:00:00 --no-kill     # --no-kill: a failed node does not end the others' job
     source /project/<group>/venv-aiter/bin/activate
     .venv/bin/pyinfra inventory/slurm.py deploy.py --dry     # preview
     .venv/bin/pyinfra -y inventory/slurm.py deploy.py        # apply: one node writes, every node checks
@@ -29,7 +29,7 @@ against cdna2/schemas/host-data-1.0.json like any other:
   (each node its own environment): your home is the same directory on every node, and each node keeps its own
   lease, lock and records there.
 
-Everything else is group_data/all.py's default (GPU smoke checks on: every node has its own GPUs) and may be set
+docs/slurm.md has what to load on LUMI and Frontier. Everything else is group_data/all.py's default (GPU smoke checks on: every node has its own GPUs) and may be set
 with ``--data KEY=VALUE``.
 """
 
