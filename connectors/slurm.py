@@ -94,6 +94,8 @@ def _run_step(argv: list[str], nodes: list[str], stdin: bytes | None = None,
                                 timeout=timeout)
     except FileNotFoundError as error:
         raise SlurmRefusal(f"srun is not on PATH ({error}): load the Slurm module") from None
+    except subprocess.TimeoutExpired:  # the command's _timeout: pyinfra reports a TimeoutError as one
+        raise TimeoutError(f"job step on {', '.join(nodes)} still running after {timeout} s") from None
     finally:
         _latencies.append(time.monotonic() - started)
     return result.returncode, result.stdout, result.stderr.decode("utf-8", errors="replace").splitlines()

@@ -174,6 +174,14 @@ def test_a_step_past_its_time_limit_fails_its_node_with_slurms_words(slurm_lab: 
     assert process.returncode != 0
     assert (f"{NODES[1]}: Slurm refused or ended the job step (job {job}): " in output
             and "DUE TO TIME LIMIT" in output), output[-3000:]
+    # The allocation has ended: a later run in it stops at connecting, with Slurm's answer.
+    ended = subprocess.run([str(PYINFRA), "-y", "inventory/slurm.py", "exec", "--", "true"], cwd=REPO,
+                           capture_output=True, text=True, timeout=120,
+                           env={**_slurm_environment(slurm_lab), "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": NODES[1]})
+    assert ended.returncode != 0
+    assert re.search(rf"{NODES[1]}: (job {job} is TIMEOUT .*its allocation has ended|scontrol show job {job}: "
+                     rf"slurm_load_jobs error: Invalid job id)", ended.stdout + ended.stderr), (
+        ended.stdout[-2000:] + ended.stderr[-2000:])
 
 
 def _job_steps(environment: dict[str, str], name: str) -> list[str]:
