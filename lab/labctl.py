@@ -16,7 +16,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from lab import kinds, mirror
+from lab import kinds, mirror, slurm
 from lab.hosts import ensure_client_key, ensure_controller_paths, known_hosts_text, prepare_host_dir, start_host
 from lab.labstate import HOST_BINDS, LAB_FORMAT, LabPaths, lab_locked, load_lab, progress, save_lab, write_atomically
 from lab.logins import LOGINS, ensure_login_users, login_users, remove_login_users
@@ -81,7 +81,7 @@ def check_lab_dir_outside_binds(paths: LabPaths) -> None:
 
 
 def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None, aiter: str | None = None,
-       shared: int | None = None) -> dict:
+       shared: int | None = None, with_slurm: bool = False) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
     check_lab_dir_outside_binds(paths)
@@ -130,8 +130,25 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
             progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
         for extra in lab["hosts"][count:]:
             progress(f"{extra['name']}: beyond the {count} requested, left as it is (./lab/down stops all)")
+        if with_slurm or lab.get("slurm"):
+            _ensure_slurm(paths, lab)
         ensure_mirror(paths)
         return lab
+
+
+def _ensure_slurm(paths: LabPaths, lab: dict) -> None:
+    """Slurm's daemons for every lab host; restarted (clean state) when one is gone or a host was (re)started,
+    since each slurmd lives in the namespaces of the host it was started for."""
+    host_pids = {host["name"]: host["pid"] for host in lab["hosts"]}
+    if slurm.running(lab) and lab["slurm"]["host_pids"] == host_pids:
+        progress(f"slurm: running (slurmctld pid {lab['slurm']['slurmctld_pid']}), left alone")
+        return
+    for outcome in slurm.stop(lab):
+        progress(outcome)
+    try:
+        slurm.start(paths, lab)
+    finally:  # the pids started so far, so that `down` stops them even if a node did not come up
+        save_lab(paths, lab)
 
 
 def ensure_mirror(paths: LabPaths) -> None:
@@ -148,6 +165,8 @@ def down(paths: LabPaths) -> dict:
                 shutil.rmtree(paths.root)
             progress(f"no lab recorded in {paths.state_file}; nothing to stop")
             return {"stopped": {}, "removed": str(paths.root)}
+        for outcome in slurm.stop(lab):  # the slurmd live in the hosts' namespaces: they go first
+            progress(outcome)
         outcomes = {}
         for host in lab["hosts"]:
             outcomes[host["name"]] = {"pid": host["pid"], "result": stop_host(host)}
@@ -258,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                 "Python environment at /opt/venv, the first one's, "
                                                                 "as nodes mount one on NFS (fixed once the lab "
                                                                 "exists)")
+    up_parser.add_argument("--slurm", action="store_true", help="also start a real Slurm: slurmctld and a slurmd "
+                                                                 "in each host's namespaces (lab/slurm.py); "
+                                                                 "print the SLURM_CONF to export")
     up_parser.add_argument("--json", action="store_true", help="print lab.json's content on stdout")
     down_parser = commands.add_parser("down", help="stop the recorded hosts and remove the lab's state")
     down_parser.add_argument("--json", action="store_true")
@@ -278,12 +300,14 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, paths: LabPaths) -> int:
     if args.command == "up":
         started = time.monotonic()
-        lab = up(paths, args.count, args.subnet, args.login, args.aiter, args.shared)
+        lab = up(paths, args.count, args.subnet, args.login, args.aiter, args.shared, args.slurm)
         progress(f"up: {len(lab['hosts'])} host(s) in {time.monotonic() - started:.1f} s")
         if args.json:
             print(json.dumps(lab, indent=2))
         else:
             print_hosts(lab)
+            if lab.get("slurm"):
+                print(f"export SLURM_CONF={lab['slurm']['conf']}")
         return 0
     if args.command == "down":
         report = down(paths)

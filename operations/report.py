@@ -15,6 +15,8 @@ from pyinfra import logger
 from pyinfra.api.state import BaseStateCallback, State, StateStage
 
 from cdna2.reports.run import CHANGED, FAILED, PLANNED, UNCHANGED, RunReport
+from cdna2.slurm.steps import steps_summary
+from connectors.slurm import SlurmConnector, job_steps, refusals
 from operations.images import CommittedImages, settle_image_target
 
 # Where reports go: reports/ under the directory pyinfra runs in, unless CDNA2_REPORT_DIR says otherwise.
@@ -101,6 +103,10 @@ class RunRecorder(BaseStateCallback):
 
     def finish(self) -> None:
         self.report.executed = self.state.current_stage >= StateStage.Execute
+        if any(isinstance(host.connector, SlurmConnector) for host in self.state.inventory):
+            self.report.transport = steps_summary(job_steps())
+            for node, words in refusals().items():  # raised as connection errors: pyinfra's op results lack them
+                self.report.host(node).errors.extend(words)
         for host in self.state.failed_hosts:
             row = self.report.host(host.name)
             if row.status != FAILED:

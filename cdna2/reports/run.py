@@ -107,8 +107,8 @@ class RunReport:
         self.inventory = inventory
         self.started = started or datetime.now(timezone.utc)
         self.rows: dict[str, HostRow] = {}
-        # How the hosts were reached and what it took (``slurm: 3 job steps``), set by the transport that knows it.
-        self.transport: str | None = None
+        # How the hosts were reached when not over SSH: the Slurm job steps the run started (cdna2/slurm/steps.py).
+        self.transport: dict[str, Any] | None = None
 
     def host(self, name: str) -> HostRow:
         return self.rows.setdefault(name, HostRow(host=name))
@@ -152,7 +152,7 @@ class RunReport:
                                       for row in rows)),
                 "steps": {name: dict(Counter(row.steps[name].status if name in row.steps else NOT_RUN
                                              for row in rows)) for name in self.step_names()},
-                "transport": self.transport}
+                "transport": self.transport["text"] if self.transport else None}
 
     def step_names(self) -> list[str]:
         """The steps of the report's columns (not the prechecks every host passes), in the deploy's order."""
@@ -197,6 +197,7 @@ class RunReport:
                       for row in self.sorted_rows()],
             "failed_hosts": [row.host for row in self.sorted_rows() if row.status == FAILED],
             "shared_environments": self.shared_environments(),
+            "transport": self.transport,
         }
 
     def to_markdown(self, per_host: bool = False, hosts_file: str | None = None) -> str:
@@ -224,7 +225,7 @@ class RunReport:
             f"- status: {counted(summary['statuses'])}",
             f"- role: {counted(summary['roles'])}",
             *(f"- {', '.join(names)}: {counts}" for counts, names in steps_by_counts.items()),
-            *([f"- transport: {self.transport}"] if self.transport else []),
+            *([f"- transport: {self.transport['text']}"] if self.transport else []),
             *([f"- every host, one row each: {hosts_file}"] if hosts_file else []),
             "",
             "| " + " | ".join(header) + " |",

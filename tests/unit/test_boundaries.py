@@ -48,7 +48,8 @@ def test_host_code_uses_only_the_standard_library(path: Path) -> None:
     assert not outside, f"{path} imports non-stdlib modules {sorted(outside)}; hosts may not have them"
 
 
-PRODUCT = sorted([*CORE.rglob("*.py"), *(ROOT / "operations").rglob("*.py"), *ROOT.glob("*.py")])
+PRODUCT = sorted([*CORE.rglob("*.py"), *(ROOT / "operations").rglob("*.py"), *(ROOT / "connectors").rglob("*.py"),
+                  *ROOT.glob("*.py")])
 OUTSIDE_THE_PRODUCT = {"lab", "releases", "tests"}
 
 

@@ -1,6 +1,6 @@
 """inventory/slurm.py lists the nodes of a Slurm allocation, read the way pyinfra reads it (``debug-inventory``,
-which connects to no host). No Slurm exists here: ``scontrol`` is a stand-in on PATH (a shell script that expands
-the one nodelist of these tests as the real ``scontrol show hostnames`` does and records how it was called)."""
+which connects to no host). Slurm's real ``scontrol`` expands the node lists: ``show hostnames`` needs a
+configuration file and no running daemon, so these tests give it the smallest one."""
 
 from __future__ import annotations
 
@@ -15,29 +15,22 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = Path(sys.executable).with_name("pyinfra")
 NODELIST = "nid[001007,001011-001012]"
-STAND_IN_SCONTROL = """#!/bin/sh
-# STAND-IN for Slurm's scontrol (tests/unit/test_slurm_inventory.py): no Slurm here.
-printf '%s\\n' "$*" >> "$(dirname "$0")/calls"
-[ "$1 $2" = "show hostnames" ] || { echo "stand-in scontrol: only 'show hostnames' is known" >&2; exit 2; }
-case "$3" in
-  'nid[001007,001011-001012]') printf 'nid001007\\nnid001011\\nnid001012\\n' ;;
-  *) echo "scontrol: error: Invalid hostlist: $3" >&2; exit 1 ;;
-esac
-"""
+SCONTROL_DIR = "/usr/bin"
 
 
 @pytest.fixture
-def scontrol_dir(tmp_path: Path) -> Path:
-    bin_dir = tmp_path / "slurm-bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(STAND_IN_SCONTROL)
-    (bin_dir / "scontrol").chmod(0o755)
-    return bin_dir
+def slurm_conf(tmp_path: Path) -> Path:
+    if not Path(SCONTROL_DIR, "scontrol").exists():
+        raise RuntimeError("Slurm's scontrol is not installed: run bin/setup")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=inventory-test\nSlurmctldHost=localhost\n")
+    return conf
 
 
-def inventory(environment: dict[str, str], path: str) -> subprocess.CompletedProcess:
+def inventory(environment: dict[str, str], path: str = os.environ["PATH"]) -> subprocess.CompletedProcess:
     base = {key: value for key, value in os.environ.items()
-            if not key.startswith(("SLURM_", "CDNA2_NODELIST", "CDNA2_TARGET_PYTHON", "VIRTUAL_ENV", "CONDA_"))}
+            if not key.startswith(("SLURM_", "CDNA2_NODELIST", "CDNA2_TARGET_PYTHON", "CDNA2_SLURM_TRANSPORT",
+                                   "VIRTUAL_ENV", "CONDA_"))}
     return subprocess.run([str(PYINFRA), "inventory/slurm.py", "debug-inventory", "--json"], cwd=REPO,
                           capture_output=True, text=True, timeout=120,
                           env={**base, "PATH": path, "HOME": "/home/alice", "USER": "alice", **environment})
@@ -48,29 +41,50 @@ def hosts_of(result: subprocess.CompletedProcess) -> list[dict]:
     return json.loads(next(line for line in result.stdout.splitlines() if line.startswith("[")))
 
 
-def test_the_allocations_nodes_are_listed_with_the_data_of_a_shared_environment(scontrol_dir: Path) -> None:
-    result = inventory({"SLURM_JOB_NODELIST": NODELIST, "VIRTUAL_ENV": "/project/g1/venv-aiter",
-                        "ROCM_PATH": "/opt/rocm-6.4.3"}, f"{scontrol_dir}:{os.environ['PATH']}")
-    hosts = hosts_of(result)
+def validated(hosts: list[dict]) -> None:
+    result = subprocess.run([sys.executable, "-m", "cdna2", "validate-data", "-"], cwd=REPO, text=True,
+                            input=json.dumps(hosts), capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_allocations_nodes_are_reached_through_its_job_steps(slurm_conf: Path) -> None:
+    hosts = hosts_of(inventory({"SLURM_CONF": str(slurm_conf), "SLURM_JOB_NODELIST": NODELIST, "SLURM_JOB_ID": "4711",
+                                "SLURM_GPUS_PER_NODE": "mi250:8", "VIRTUAL_ENV": "/project/g1/venv-aiter",
+                                "ROCM_PATH": "/opt/rocm-6.4.3"}))
     assert [host["name"] for host in hosts] == ["nid001007", "nid001011", "nid001012"]
-    assert (scontrol_dir / "calls").read_text() == f"show hostnames {NODELIST}\n", "expanded once, by scontrol"
+    for host in hosts:
+        assert sorted(host["groups"]) == ["@slurm", "slurm"]
+        data = host["data"]
+        assert {key: data.get(key) for key in ("slurm_node", "slurm_job", "slurm_gpus", "target_python", "rocm_root",
+                                               "state_dir", "shared_environment", "ssh_user", "_sudo")} == {
+            "slurm_node": host["name"], "slurm_job": "4711", "slurm_gpus": 8,
+            "target_python": "/project/g1/venv-aiter/bin/python", "rocm_root": "/opt/rocm-6.4.3",
+            "state_dir": f"/home/alice/.local/state/cdna2/nodes/{host['name']}", "shared_environment": True,
+            "ssh_user": None, "_sudo": None}
+    validated(hosts)
+
+
+def test_over_ssh_the_nodes_get_the_data_of_a_login_without_root(slurm_conf: Path) -> None:
+    hosts = hosts_of(inventory({"SLURM_CONF": str(slurm_conf), "CDNA2_SLURM_TRANSPORT": "ssh",
+                                "SLURM_JOB_NODELIST": NODELIST, "VIRTUAL_ENV": "/project/g1/venv-aiter",
+                                "ROCM_PATH": "/opt/rocm-6.4.3"}))
+    assert [host["name"] for host in hosts] == ["nid001007", "nid001011", "nid001012"]
     for host in hosts:
         assert host["groups"] == ["slurm"]
         data = host["data"]
         assert {key: data.get(key) for key in ("ssh_user", "target_python", "rocm_root", "state_dir",
-                                               "shared_environment", "ssh_strict_host_key_checking", "_sudo")} == {
+                                               "shared_environment", "ssh_strict_host_key_checking", "_sudo",
+                                               "slurm_job")} == {
             "ssh_user": "alice", "target_python": "/project/g1/venv-aiter/bin/python", "rocm_root": "/opt/rocm-6.4.3",
             "state_dir": f"/home/alice/.local/state/cdna2/nodes/{host['name']}", "shared_environment": True,
-            "ssh_strict_host_key_checking": "yes", "_sudo": None}
-    validated = subprocess.run([sys.executable, "-m", "cdna2", "validate-data", "-"], cwd=REPO, text=True,
-                               input=json.dumps(hosts), capture_output=True, timeout=120)
-    assert validated.returncode == 0, validated.stdout + validated.stderr
+            "ssh_strict_host_key_checking": "yes", "_sudo": None, "slurm_job": None}
+    validated(hosts)
 
 
-def test_a_nodelist_given_wins_over_the_allocations(scontrol_dir: Path) -> None:
-    result = inventory({"SLURM_JOB_NODELIST": "other[1-2]", "CDNA2_NODELIST": NODELIST,
-                        "CDNA2_TARGET_PYTHON": "/scratch/alice/env/bin/python", "XDG_STATE_HOME": "/scratch/alice/st"},
-                       f"{scontrol_dir}:{os.environ['PATH']}")
+def test_a_nodelist_given_wins_over_the_allocations(slurm_conf: Path) -> None:
+    result = inventory({"SLURM_CONF": str(slurm_conf), "SLURM_JOB_ID": "4711", "SLURM_JOB_NODELIST": "other[1-2]",
+                        "CDNA2_NODELIST": NODELIST, "CDNA2_TARGET_PYTHON": "/scratch/alice/env/bin/python",
+                        "XDG_STATE_HOME": "/scratch/alice/st"})
     hosts = hosts_of(result)
     assert [host["name"] for host in hosts] == ["nid001007", "nid001011", "nid001012"]
     assert hosts[0]["data"]["target_python"] == "/scratch/alice/env/bin/python"
@@ -79,15 +93,22 @@ def test_a_nodelist_given_wins_over_the_allocations(scontrol_dir: Path) -> None:
 
 @pytest.mark.parametrize("environment, path, message", [
     ({}, None, "not inside a Slurm allocation: SLURM_JOB_NODELIST is not set. Run the deploy inside one"),
-    ({"SLURM_JOB_NODELIST": NODELIST}, "/usr/bin:/bin", "scontrol is not on PATH: it expands SLURM_JOB_NODELIST"),
+    ({"CDNA2_NODELIST": NODELIST}, None, "not inside a Slurm allocation: SLURM_JOB_ID is not set, and the Slurm "
+                                         "connector reaches nodes through the allocation's job steps"),
+    ({"SLURM_JOB_NODELIST": NODELIST}, "empty", "scontrol is not on PATH: it expands SLURM_JOB_NODELIST"),
     ({"SLURM_JOB_NODELIST": "nid[7-"}, None,
-     "scontrol show hostnames 'nid[7-' (from SLURM_JOB_NODELIST) failed with exit 1: scontrol: error: Invalid "
-     "hostlist: nid[7-"),
+     "scontrol show hostnames 'nid[7-' (from SLURM_JOB_NODELIST) gave names that are not host names: nid]"),
     ({"SLURM_JOB_NODELIST": NODELIST, "VIRTUAL_ENV": ""}, None, "no Python environment to provision: activate it"),
-], ids=["outside an allocation", "no scontrol", "a bad nodelist", "no environment"])
-def test_the_inventory_stops_with_what_to_do(scontrol_dir: Path, environment: dict, path: str | None,
+    ({"SLURM_JOB_NODELIST": NODELIST, "CDNA2_SLURM_TRANSPORT": "rsh"}, None,
+     "CDNA2_SLURM_TRANSPORT='rsh': give slurm (job steps of the allocation, the default) or ssh"),
+], ids=["outside an allocation", "nodes named outside an allocation", "no scontrol", "a bad nodelist",
+        "no environment", "an unknown transport"])
+def test_the_inventory_stops_with_what_to_do(slurm_conf: Path, tmp_path: Path, environment: dict, path: str | None,
                                               message: str) -> None:
-    result = inventory({"VIRTUAL_ENV": "/project/g1/venv-aiter", **environment},
-                       path or f"{scontrol_dir}:{os.environ['PATH']}")
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    result = inventory({"SLURM_CONF": str(slurm_conf), "SLURM_JOB_ID": "4711", "VIRTUAL_ENV": "/project/g1/venv-aiter",
+                        **({"SLURM_JOB_ID": ""} if "CDNA2_NODELIST" in environment else {}), **environment},
+                       str(empty) if path == "empty" else os.environ["PATH"])
     assert result.returncode != 0
     assert message in result.stdout + result.stderr, result.stdout[-1500:] + result.stderr[-1500:]

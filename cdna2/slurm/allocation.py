@@ -19,6 +19,9 @@ from pathlib import Path
 NODELIST_VARIABLE = "SLURM_JOB_NODELIST"
 # Set by the operator to name the nodes (compressed or not) instead of the allocation's.
 GIVEN_NODELIST_VARIABLE = "CDNA2_NODELIST"
+# How inventory/slurm.py reaches the nodes: job steps of the allocation (slurm), or SSH where the cluster allows it.
+TRANSPORT_VARIABLE = "CDNA2_SLURM_TRANSPORT"
+TRANSPORTS = ("slurm", "ssh")
 # A node name as Slurm and DNS allow it; also what host data's ssh_hostname accepts.
 NODE_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
@@ -35,6 +38,15 @@ def nodelist_of(environ: Mapping[str, str]) -> tuple[str, str]:
     raise SlurmError(f"not inside a Slurm allocation: {NODELIST_VARIABLE} is not set. Run the deploy inside one "
                      f"(salloc -N <nodes> ..., then the command in that shell), or name the nodes in "
                      f"{GIVEN_NODELIST_VARIABLE} (e.g. {GIVEN_NODELIST_VARIABLE}='nid[001007,001011-001012]')")
+
+
+def transport_of(environ: Mapping[str, str]) -> str:
+    """``slurm`` (the default) or ``ssh``, from CDNA2_SLURM_TRANSPORT."""
+    transport = environ.get(TRANSPORT_VARIABLE, "").strip() or TRANSPORTS[0]
+    if transport not in TRANSPORTS:
+        raise SlurmError(f"{TRANSPORT_VARIABLE}={transport!r}: give slurm (job steps of the allocation, the default) "
+                         f"or ssh (where the cluster lets you log in to its nodes)")
+    return transport
 
 
 def expand_nodelist(nodelist: str, source: str, scontrol: str | None = None) -> list[str]:
