@@ -20,6 +20,7 @@ from cdna2.kernels import Policy as KernelPolicy
 from cdna2.login import write_access_refusal
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
+from cdna2.patches.releases import refused_release
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
                         disk_space_problem, hidden_gpu_refusal, installed_versions, kernels_decision,
                         target_env_error, with_data_arch)
@@ -34,7 +35,7 @@ from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_for
 from operations.patches import patched_package, probe_files, transaction_finished
 from operations.preflight import (environment_claimed_by, environment_identity, fp8_configs_of, load_data_files,
-                                  probe_announced, validate_inventory)
+                                  probe_announced, release_data, validate_inventory)
 from operations.report import RunRecorder
 from operations.shared import environment_checked, environment_claimed
 from operations.smoke import recorded_proof, reused_proof_summary, smoke_passed
@@ -48,6 +49,7 @@ data = host.data
 #    is touched.
 validate_inventory(inventory)
 catalog, wheel_plan_for = load_data_files(data)
+releases = release_data()
 fp8_configs = fp8_configs_of(data)
 bench_plan = load_cases() if data.bench_on_deploy else None
 report.step(host.name, "validate", "ok")
@@ -96,7 +98,9 @@ writer = environment_claimed_by(inventory, host.name)
 writes = writer is None
 shared_error = shared_environment_refusal(probe, writer, data.shared_environment and bool(writer) and
                                           inventory.get_host(writer).data.shared_environment)
-problem = env_error or write_error or shared_error or arch_refusal or wheel_error or space_error
+# A release refused by name (cdna2/data/releases.yaml) is refused here, before anything changes.
+release_error = refused_release(releases, probe["distributions"])
+problem = env_error or write_error or shared_error or arch_refusal or release_error or wheel_error or space_error
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
