@@ -19,6 +19,7 @@ each file matching RECORD.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
@@ -32,10 +33,12 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdna2.cache import cache_lock, cache_root
-from cdna2.host import txn
+from cdna2.cache import cache_lock, cache_root, code_digest
+from cdna2.host import checkouts, digests, jit, txn
 from cdna2.host.checkouts import checkout_path
 from cdna2.host.digests import record_hash
+from cdna2.host.state import write_file_atomically
+from cdna2.patches import audit, catalog as catalog_module, cli, matching, planner
 from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
@@ -193,11 +196,38 @@ def refused_result(catalog: Catalog, package: str, release: str, reason: str) ->
                          cycle="not run: refused by name", status="refused")
 
 
+def _result_path(catalog: Catalog, package: str, release: str, tree: Path, status: str) -> Path | None:
+    """Where the result of one release tree is kept: keyed by the catalog's bytes, the code that computes it, the
+    Python running it, the tree (its name carries the version and the target files) and its status. None for a
+    catalog built in code (no digest)."""
+    if not catalog.digest:
+        return None
+    code = code_digest((sys.modules[__name__], planner, matching, audit, catalog_module, cli, txn, jit, checkouts,
+                        digests))
+    key = json.dumps([catalog.digest, code, sys.version, package, release, tree.name, status])
+    return cache_root() / "coverage-results" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+
 def release_result(catalog: Catalog, package: str, release: str, tree: Path,
                    refused: dict[str, str] | None = None) -> ReleaseResult:
+    """The release's row, kept in ``$CDNA2_CACHE/coverage-results`` (a warm run re-plans only what changed)."""
     version = _probe(catalog, package, tree)[0]
-    result = ReleaseResult(package, release, version,
-                           status=qualification_status(catalog, package, release, version, refused or {}))
+    status = qualification_status(catalog, package, release, version, refused or {})
+    kept = _result_path(catalog, package, release, tree, status)
+    if kept is not None and kept.is_file():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            fields = json.loads(kept.read_text())
+            fields["cells"] = fields.pop("sets")
+            return ReleaseResult(**fields)
+    result = _computed_result(catalog, package, release, version, tree, status)
+    if kept is not None:
+        write_file_atomically(kept, json.dumps(result.to_json(), sort_keys=True).encode())
+    return result
+
+
+def _computed_result(catalog: Catalog, package: str, release: str, version: str, tree: Path,
+                     status: str) -> ReleaseResult:
+    result = ReleaseResult(package, release, version, status=status)
     required = [patch_set.name for patch_set in catalog.sets_for(package) if not patch_set.optional]
     base = _plan(catalog, package, tree, [])
     for name in required:
