@@ -11,24 +11,30 @@ import xml.etree.ElementTree as ElementTree
 from collections import Counter
 
 
-def skip_reasons(paths: list[str]) -> Counter:
-    """Skipped tests per reason (pytest's message, without its "file:line: " prefix where it has one)."""
+def skip_reasons(paths: list[str]) -> tuple[Counter, list[str]]:
+    """Skipped tests per reason (pytest's message), and the reports that could not be read (a pytest that died)."""
     reasons: Counter = Counter()
+    unread = []
     for path in paths:
-        for skipped in ElementTree.parse(path).iter("skipped"):
+        try:
+            tree = ElementTree.parse(path)
+        except (OSError, ElementTree.ParseError):
+            unread.append(path)
+            continue
+        for skipped in tree.iter("skipped"):
             if skipped.get("type") == "pytest.xfail":
                 continue  # an expected failure ran
             reasons[(skipped.get("message") or "no reason given").strip()] += 1
-    return reasons
+    return reasons, unread
 
 
-def summary(reasons: Counter) -> str:
+def summary(reasons: Counter, unread: list[str]) -> str:
     total = sum(reasons.values())
-    if not total:
-        return "test: every collected test ran (none skipped)"
-    why = "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
-    return f"test: {total} test{'s' * (total != 1)} could not run: {why}"
+    line = (f"test: {total} test{'s' * (total != 1)} could not run: "
+            + "; ".join(f"{count} {reason}" for reason, count in reasons.most_common())
+            if total else "test: every collected test ran (none skipped)")
+    return line + (f" (no report from {', '.join(unread)}: that pytest did not finish)" if unread else "")
 
 
 if __name__ == "__main__":
-    print(summary(skip_reasons(sys.argv[1:])))
+    print(summary(*skip_reasons(sys.argv[1:])))
