@@ -100,7 +100,19 @@ shared_error = shared_environment_refusal(probe, writer, data.shared_environment
                                           inventory.get_host(writer).data.shared_environment)
 # A release refused by name (cdna2/data/releases.yaml) is refused here, before anything changes.
 release_error = refused_release(releases, probe["distributions"])
-problem = env_error or write_error or shared_error or arch_refusal or release_error or wheel_error or space_error
+# The patch plans too, from the probe: a package whose sets cannot be planned on the text installed (a release no
+# variant was written for whose text moved, a file edited outside our sites) fails the host here, before anything
+# on it changes, not after its wheels and kernels. A package this run's wheels step replaces is planned next run.
+skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
+patch_plans = {} if env_error or skip_patches else {
+    package: plan_package_once(catalog, package, found["version"], *probe_files(probe, package),
+                               data.optional_patch_sets, checkout=develop_checkout(found))
+    for package in catalog.packages() for found in [probe["distributions"].get(package)]
+    if found is not None and package not in reinstalled}
+patch_error = "; ".join(f"patches {package}: {'; '.join(plan.reasons)}" for package, plan in patch_plans.items()
+                        if plan_step_status(plan.status) == FAILED) or None
+problem = (env_error or write_error or shared_error or arch_refusal or release_error or patch_error or wheel_error
+           or space_error)
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
@@ -172,8 +184,7 @@ else:
     else:
         report.step(host.name, "kernels", SKIPPED, stale if kernels == PROCEED else why)
 
-    # 6. Patches: per package, the sets that match the installed text, all or nothing.
-    skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
+    # 6. Patches: per package, the sets that match the installed text, all or nothing (planned before the preflight).
     patch_sets = {}
     for package in host.loop(catalog.packages()):
         found = probe["distributions"].get(package)
@@ -183,9 +194,7 @@ else:
         if skip_patches or package in reinstalled:
             report.step(host.name, step, SKIPPED, skip_patches or stale)
             continue
-        files, record = probe_files(probe, package)
-        plan = plan_package_once(catalog, package, found["version"], files, record, data.optional_patch_sets,
-                                 checkout=develop_checkout(found))
+        plan = patch_plans[package]
         report.host(host.name).details[step] = plan.to_json()
         patch_sets[package] = plan.sets
         status = plan_step_status(plan.status)
@@ -197,7 +206,7 @@ else:
         if status != UNCHANGED:
             env_changes.append(step)
             changed_plans.append((found["location"], plan))
-        if status != UNCHANGED and writes:  # to apply, or refused: the operation fails the host with the reasons
+        if status != UNCHANGED and writes:  # to apply (a plan that cannot be made failed the host in preflight)
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=state_dir)
         # Patched already, but by a transaction killed before it dropped its journal: finish it (an apply would).
