@@ -109,9 +109,13 @@ def test_the_floors_and_the_releases_refused_by_name_are_data(tmp_path, catalog)
 
 
 @pytest.mark.parametrize("text, fault", [
-    ("schema: releases-1.0.json\nfloors: {vllm: latest}\nrefused: []\n", "$.floors.vllm: 'latest' does not match"),
-    ("schema: releases-1.0.json\nfloors: {vllm: 0.23.0}\n", "$: 'refused' is a required property"),
-    ("schema: releases-1.0.json\nfloors: {vllm: 0.23.0}\nrefused:\n- {package: vllm, version: 0.24.0, reason: a}\n"
+    ("schema: releases-1.0.json\nfloors: {vllm: latest, amd-aiter: 0.1.16}\nrefused: []\n",
+     "$.floors.vllm: 'latest' does not match"),
+    ("schema: releases-1.0.json\nfloors: {vllm: 0.23.0}\nrefused: []\n",
+     "$.floors: 'amd-aiter' is a required property"),
+    ("schema: releases-1.0.json\nfloors: {vllm: 0.23.0, amd-aiter: 0.1.16}\n", "$: 'refused' is a required property"),
+    ("schema: releases-1.0.json\nfloors: {vllm: 0.23.0, amd-aiter: 0.1.16}\nrefused:\n"
+     "- {package: vllm, version: 0.24.0, reason: a}\n"
      "- {package: vllm, version: 0.24.0, reason: b}\n", "vllm 0.24.0 is refused twice"),
 ])
 def test_invalid_release_data_names_the_file_and_the_fault(tmp_path, text, fault):
