@@ -232,7 +232,7 @@ def test_without_the_guard_site_the_table_fails_every_sliding_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_without_variant_0_34_muse_glimmer_pins_aiter_fa_on_patched_gfx90a_and_the_table_fails(tmp_path):
+def test_without_variant_0_34_muse_glimmer_pins_aiter_fa_on_patched_gfx90a_and_the_table_fails(evaluated, tmp_path):
     """vLLM 0.34.0 with vllm-attention-gate's variant 0.34 removed from the data: variant 0.33 patches it (its sites
     are all there), is_mha_enabled() opens on gfx90a, and MuseGlimmerAttentionConfig pins ROCM_AITER_FA for a model
     with sliding-window layers there; the judge names that gate. With the variant (the packaged data) it stays closed.
@@ -253,7 +253,7 @@ def test_without_variant_0_34_muse_glimmer_pins_aiter_fa_on_patched_gfx90a_and_t
     assert release.variants["vllm-attention-gate"] == "0.33"
     assert release.verdict == "FAIL"
     assert f"{gate} (other) is open on patched gfx90a; expected closed (as stock)" in release.failures
-    [packaged] = gates.evaluate(("0.34.0",), workers=1)
+    packaged = evaluated["0.34.0"]
     assert packaged.variants["vllm-attention-gate"] == "0.34" and packaged.failures == []
     assert _cell(packaged, gate, "gfx90a", "patched") == "closed"
     assert _cell(packaged, gate, "gfx942", "stock") == _cell(packaged, gate, "gfx942", "patched") == "open"
