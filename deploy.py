@@ -26,6 +26,7 @@ from cdna2.kernels import Policy as KernelPolicy
 from cdna2.login import write_access_refusal
 from cdna2.patches import plan_package_once
 from cdna2.patches.contents import known_hashes
+from cdna2.patches.releases import refused_release
 from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal, deployed_record, develop_checkout,
                         disk_space_problem, hidden_gpu_refusal, installed_kernel_digest, installed_versions,
                         kernels_decision, target_env_error, with_data_arch)
@@ -40,7 +41,7 @@ from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_or_refusal
 from operations.patches import patched_package, probe_files, transaction_finished
 from operations.preflight import (environment_claimed_by, environment_identity, fp8_configs_of, load_data_files,
-                                  probe_announced, validate_inventory)
+                                  probe_announced, release_data, validate_inventory)
 from operations.report import RunRecorder
 from operations.shared import environment_checked, environment_claimed
 from operations.smoke import recorded_proof, report_families, reused_proof_summary, smoke_passed
@@ -54,6 +55,7 @@ data = host.data
 #    is touched.
 validate_inventory(inventory)
 catalog, wheel_plan_for = load_data_files(data)
+releases = release_data()
 fp8_configs = fp8_configs_of(data)
 bench_plan = load_cases() if data.bench_on_deploy else None
 report.step(host.name, "validate", "ok")
@@ -104,8 +106,21 @@ writer = environment_claimed_by(inventory, host.name)
 writes = writer is None
 shared_error = shared_environment_refusal(probe, writer, data.shared_environment and bool(writer) and
                                           inventory.get_host(writer).data.shared_environment)
-problem = (env_error or write_error or shared_error or arch_refusal or wheel_error or translation_error or space_error
-           or keep_refusal(data.smoke_keep_unproven_families))
+# A release refused by name (cdna2/data/releases.yaml) is refused here, before anything changes.
+release_error = refused_release(releases, probe["distributions"])
+# The patch plans too, from the probe: a package whose sets cannot be planned on the text installed (a release no
+# variant was written for whose text moved, a file edited outside our sites) fails the host here, before anything
+# on it changes, not after its wheels and kernels. A package this run's wheels step replaces is planned next run.
+skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
+patch_plans = {} if env_error or skip_patches else {
+    package: plan_package_once(catalog, package, found["version"], *probe_files(probe, package),
+                               data.optional_patch_sets, checkout=develop_checkout(found))
+    for package in catalog.packages() for found in [probe["distributions"].get(package)]
+    if found is not None and package not in reinstalled}
+patch_error = "; ".join(f"patches {package}: {'; '.join(plan.reasons)}" for package, plan in patch_plans.items()
+                        if plan_step_status(plan.status) == FAILED) or None
+problem = (env_error or write_error or shared_error or arch_refusal or release_error or patch_error or wheel_error
+           or translation_error or space_error or keep_refusal(data.smoke_keep_unproven_families))
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
@@ -177,8 +192,7 @@ else:
     else:
         report.step(host.name, "kernels", SKIPPED, stale if kernels == PROCEED else why)
 
-    # 6. Patches: per package, the sets that match the installed text, all or nothing.
-    skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
+    # 6. Patches: per package, the sets that match the installed text, all or nothing (planned before the preflight).
     patch_sets = {}
     for package in host.loop(catalog.packages()):
         found = probe["distributions"].get(package)
@@ -188,9 +202,7 @@ else:
         if skip_patches or package in reinstalled:
             report.step(host.name, step, SKIPPED, skip_patches or stale)
             continue
-        files, record = probe_files(probe, package)
-        plan = plan_package_once(catalog, package, found["version"], files, record, data.optional_patch_sets,
-                                 checkout=develop_checkout(found))
+        plan = patch_plans[package]
         report.host(host.name).details[step] = plan.to_json()
         patch_sets[package] = plan.sets
         status = plan_step_status(plan.status)
@@ -202,7 +214,7 @@ else:
         if status != UNCHANGED:
             env_changes.append(step)
             changed_plans.append((found["location"], plan))
-        if status != UNCHANGED and writes:  # to apply, or refused: the operation fails the host with the reasons
+        if status != UNCHANGED and writes:  # to apply (a plan that cannot be made failed the host in preflight)
             patched_package(name=f"{step}: arch gates open for gfx90a", plan=plan, site_packages=found["location"],
                             target_python=data.target_python, state_dir=state_dir)
         # Patched already, but by a transaction killed before it dropped its journal: finish it (an apply would).

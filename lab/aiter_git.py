@@ -1,8 +1,9 @@
 """AITER's git history on this machine: where it is, and the version a build of a ref reports.
 
 The lab's develop-mode hosts clone from it, the kernel tests build gfx942 trees from its tags and main, and release
-qualification (releases/coverage.py) lays out every tag as the wheel installs it. It is the machine's mirror of
-ROCm/aiter unless ``$CDNA2_AITER_GIT`` names another (bare) clone.
+qualification (releases/coverage.py) lays out every tag as the wheel installs it. It is the bare clone of ROCm/aiter
+that ``$CDNA2_AITER_GIT`` names; there is no default (where a clone lives is a fact of one machine): without it,
+what needs the history says so, and the tests that need it skip with that reason.
 """
 
 from __future__ import annotations
@@ -11,23 +12,30 @@ import os
 import subprocess
 from pathlib import Path
 
-DEFAULT_AITER_GIT = "/work/.mirror/ROCm+aiter/repo"
+SETTING = "CDNA2_AITER_GIT"
 
 
 class SourceMissing(RuntimeError):
     """A release's source (the AITER git clone, a wheel) is not available here; the message says how to get it."""
 
 
-def aiter_git_dir() -> Path:
-    """Where AITER's git history is looked for: $CDNA2_AITER_GIT, else the machine's mirror of ROCm/aiter."""
-    return Path(os.environ.get("CDNA2_AITER_GIT") or DEFAULT_AITER_GIT)
+def missing_reason() -> str | None:
+    """Why AITER's git history cannot be used here (the setting is unset, or names no git directory), or None."""
+    value = os.environ.get(SETTING)
+    if not value:
+        return (f"no AITER git history: {SETTING} is not set; set it to a bare clone of github.com/ROCm/aiter "
+                "(git clone --bare)")
+    if not (Path(value) / "HEAD").is_file():
+        return f"no AITER git history: {SETTING}={value} is not a git directory; set it to a bare clone of ROCm/aiter"
+    return None
 
 
 def aiter_git() -> Path:
-    path = aiter_git_dir()
-    if not (path / "HEAD").is_file():
-        raise SourceMissing(f"{path}: no AITER git directory; set CDNA2_AITER_GIT to a (bare) clone of ROCm/aiter")
-    return path
+    """The git directory ``$CDNA2_AITER_GIT`` names; SourceMissing says why when it cannot be used."""
+    reason = missing_reason()
+    if reason:
+        raise SourceMissing(reason)
+    return Path(os.environ[SETTING])
 
 
 def git(git_dir: Path, *args: str) -> bytes:

@@ -1,7 +1,7 @@
 """Develop-mode AITER on a lab host: a real git checkout of an AITER tag, installed the way ``pip install -e`` does.
 
-The checkout is cloned once per machine from AITER's git history (``$CDNA2_AITER_GIT``, default the machine's
-mirror of github.com/ROCm/aiter) into ``<cache>/lab-aiter/<tag>`` with ``git clone --shared`` (its objects stay in
+The checkout is cloned once per machine from AITER's git history (``$CDNA2_AITER_GIT``, a bare clone
+of github.com/ROCm/aiter; no default) into ``<cache>/lab-aiter/<tag>`` with ``git clone --shared`` (its objects stay in
 the mirror's object store), and each host gets a hard-linked copy (``cp -al``) as ``.lab/hosts/<name>/aiter``,
 which the host sees at the same path. Sharing the inodes is safe for the venvs' reasons (lab/venvs.py): git and the
 cdna2 tool replace a file by a rename, never in place.

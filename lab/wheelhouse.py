@@ -8,10 +8,13 @@ fetched from the registry once per machine, never once per host or per test. The
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root
@@ -25,11 +28,20 @@ TRITON_PINNED = "triton==3.7.1"
 TORCH_CPU = "torch==2.13.0+cpu"
 
 
-def _pip(*args: str) -> None:
-    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args]
+# How long the index's answer to "which versions of X" is taken as current: CI asks at most once a day.
+INDEX_ANSWER_MAX_AGE = 24 * 3600
+
+
+class IndexUnavailable(RuntimeError):
+    """The package index could not be asked (offline, or it refused); the message has pip's own words."""
+
+
+def _pip(*args: str, quiet: bool = True) -> str:
+    command = [sys.executable, "-m", "pip", "--disable-pip-version-check", *(["-q"] if quiet else []), *args]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    return result.stdout
 
 
 def _dist_name(requirement: str) -> str:
@@ -78,6 +90,38 @@ def wheel(requirement: str, *, with_deps: bool = False) -> Path:
     if not found:
         raise RuntimeError(f"pip downloaded no wheel named {prefix}*.whl into {wheels_dir}")
     return found[-1]
+
+
+@dataclass(frozen=True)
+class IndexAnswer:
+    versions: list[str]  # newest first, no pre-releases, as pip lists them
+    asked: float  # when the index said so (epoch seconds)
+    error: str | None = None  # why the index could not be asked now (versions are then the last answer kept)
+
+
+def available_versions(name: str, max_age: float = INDEX_ANSWER_MAX_AGE) -> IndexAnswer:
+    """The versions of ``name`` the package index serves, through ``pip index versions``, which honours this
+    machine's pip configuration. The answer is kept in ``$CDNA2_CACHE/index/<name>.json`` and reused while younger
+    than ``max_age`` seconds. When the index cannot be asked, the last answer kept comes back with the error; with
+    none kept, IndexUnavailable."""
+    answer = cache_root() / "index" / f"{_dist_name(name)}.json"
+    kept = json.loads(answer.read_text()) if answer.is_file() else None
+    if kept and time.time() - kept["asked"] < max_age:
+        return IndexAnswer(kept["versions"], kept["asked"])
+    try:
+        out = _pip("index", "versions", name, "--retries", "0", "--timeout", "20", quiet=False)
+        listed = next(line.split(":", 1)[1] for line in out.splitlines() if line.startswith("Available versions:"))
+    except (RuntimeError, StopIteration) as error:
+        said = str(error).strip().splitlines()[-1] if str(error).strip() else f"pip listed no versions of {name}"
+        if kept:
+            return IndexAnswer(kept["versions"], kept["asked"], said)
+        raise IndexUnavailable(f"pip index versions {name}: {said}") from error
+    kept = {"asked": time.time(), "versions": [version.strip() for version in listed.split(",") if version.strip()]}
+    answer.parent.mkdir(parents=True, exist_ok=True)
+    staging = answer.with_name(f".{answer.name}.{os.getpid()}")
+    staging.write_text(json.dumps(kept))
+    staging.rename(answer)  # whole or not at all, for a concurrent reader
+    return IndexAnswer(kept["versions"], kept["asked"])
 
 
 def installed_tree(requirement: str, *, with_deps: bool = False) -> Path:

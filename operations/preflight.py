@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import PyinfraError
 from cdna2.fp8_configs import Fp8ConfigError, load_configs
 from cdna2.hostdata import HostDataError, validate_hosts
 from cdna2.patches import Catalog, PatchDataError, load_catalog
+from cdna2.patches.releases import Releases, load_releases
 from cdna2.shared_environments import environment_key
 from cdna2.wheels import Matrix, MatrixError, WheelPlan, WheelPlanError, load_matrix, pins_from_host_data, plan_wheels
 
@@ -42,6 +43,16 @@ _validated: WeakKeyDictionary[Inventory, str | None] = WeakKeyDictionary()
 @cache
 def _catalog() -> Catalog:
     return load_catalog()
+
+
+@cache
+def release_data() -> Releases:
+    """The releases refused by name (cdna2/data/releases.yaml), validated; a broken file stops the run for every
+    host, as a broken patch set does."""
+    try:
+        return load_releases()
+    except PatchDataError as error:
+        raise PyinfraError(f"invalid data file, no host was changed: {error}") from error
 
 
 @cache

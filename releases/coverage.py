@@ -4,23 +4,26 @@ Each release is laid out as the installed package (only the files the catalog ta
 them), cached under ``$CDNA2_CACHE/release-trees``:
 
 - amd-aiter 0.1.7.post2.dev18, the one wheel PyPI serves, from that wheel.
-- AITER from its git history (``$CDNA2_AITER_GIT``, a bare clone of ROCm/aiter): every tag v0.1.16 through
-  v0.1.20.post1 and main's HEAD. The amd-aiter wheel installs repo ``csrc/`` and ``hsa/`` under ``aiter_meta/``
-  (setup.py copies them there) and ``aiter/`` as it is.
-- vLLM from its PyPI wheels (``pip download --no-deps``, the wheelhouse cache), 0.23.0 through 0.33.0.
+- AITER from its git history (``$CDNA2_AITER_GIT``, a bare clone of ROCm/aiter): every tag from the floor on and
+  main's HEAD (releases/discovery.py). The amd-aiter wheel installs repo ``csrc/`` and ``hsa/`` under
+  ``aiter_meta/`` (setup.py copies them there) and ``aiter/`` as it is.
+- vLLM from its wheels (``pip download --no-deps``, the wheelhouse cache): every release the package index serves
+  from the floor on (releases/discovery.py).
 
-Per release and set: the required sets with that set (and what it requires) are planned; the cell says patched,
-or refused/declined with the planner's reason. Then every set that patched goes through apply, check, a second
-apply that must change nothing, and revert, which must leave each file matching RECORD.
+Each row says whether the release is qualified (every set names it), new since the last qualification, or refused
+by name (cdna2/data/releases.yaml; no tree is laid out for it). Per release and set: the required sets with that set
+(and what it requires) are planned; the cell says patched, or refused/declined with the planner's reason. Then every
+set that patched goes through apply, check, a second apply that must change nothing, and revert, which must leave
+each file matching RECORD.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import io
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -30,30 +33,19 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdna2.cache import cache_lock, cache_root
-from cdna2.host import txn
+from cdna2.cache import cache_lock, cache_root, code_digest
+from cdna2.host import checkouts, digests, jit, txn
 from cdna2.host.checkouts import checkout_path
 from cdna2.host.digests import record_hash
+from cdna2.host.state import write_file_atomically
+from cdna2.patches import audit, catalog as catalog_module, cli, matching, planner
 from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
+from cdna2.patches.releases import load_releases
 from lab import wheelhouse
-from lab.aiter_git import SourceMissing, aiter_git, aiter_version, git
-
-AITER_FIRST, AITER_LAST = (0, 1, 16), (0, 1, 20)
-AITER_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(?:\.post(\d+))?$")
-VLLM_RELEASES = ("0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0",
-                 "0.31.0", "0.32.0", "0.33.0")
-
-
-def aiter_releases(git_dir: Path) -> list[str]:
-    """Tags v0.1.16 .. v0.1.20.postN in version order, then "main"."""
-    tags = []
-    for tag in git(git_dir, "tag").decode().split():
-        found = AITER_TAG.match(tag)
-        if found and AITER_FIRST <= tuple(int(part) for part in found.groups()[:3]) <= AITER_LAST:
-            tags.append((tuple(int(part or 0) for part in found.groups()), tag))
-    return [tag for _, tag in sorted(tags)] + ["main"]
+from lab.aiter_git import SourceMissing, aiter_git, aiter_version
+from releases.discovery import Discovered, aiter_releases, qualification_status, vllm_releases
 
 
 def _key(files: list[str]) -> str:
@@ -130,10 +122,11 @@ class ReleaseResult:
     variants: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     cycle: str = ""  # "ok" or what failed in apply / check / second apply / revert
+    status: str = ""  # qualified, new, main or refused (releases.discovery.qualification_status)
 
     def to_json(self) -> dict:
-        return {"package": self.package, "release": self.release, "version": self.version, "sets": self.cells,
-                "variants": self.variants, "notes": self.notes, "cycle": self.cycle}
+        return {"package": self.package, "release": self.release, "version": self.version, "status": self.status,
+                "sets": self.cells, "variants": self.variants, "notes": self.notes, "cycle": self.cycle}
 
 
 def _probe(catalog: Catalog, package: str, root: Path):
@@ -196,9 +189,45 @@ def _cycle(catalog: Catalog, package: str, tree: Path, sets: list[str]) -> str:
     return "ok"
 
 
-def release_result(catalog: Catalog, package: str, release: str, tree: Path) -> ReleaseResult:
+def refused_result(catalog: Catalog, package: str, release: str, reason: str) -> ReleaseResult:
+    """A release the data refuses by name: every set refused with the reason, nothing laid out or run."""
+    return ReleaseResult(package, release, release.removeprefix("v"),
+                         {patch_set.name: f"refused: {reason}" for patch_set in catalog.sets_for(package)},
+                         cycle="not run: refused by name", status="refused")
+
+
+def _result_path(catalog: Catalog, package: str, release: str, tree: Path, status: str) -> Path | None:
+    """Where the result of one release tree is kept: keyed by the catalog's bytes, the code that computes it, the
+    Python running it, the tree (its name carries the version and the target files) and its status. None for a
+    catalog built in code (no digest)."""
+    if not catalog.digest:
+        return None
+    code = code_digest((sys.modules[__name__], planner, matching, audit, catalog_module, cli, txn, jit, checkouts,
+                        digests))
+    key = json.dumps([catalog.digest, code, sys.version, package, release, tree.name, status])
+    return cache_root() / "coverage-results" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+
+def release_result(catalog: Catalog, package: str, release: str, tree: Path,
+                   refused: dict[str, str] | None = None) -> ReleaseResult:
+    """The release's row, kept in ``$CDNA2_CACHE/coverage-results`` (a warm run re-plans only what changed)."""
     version = _probe(catalog, package, tree)[0]
-    result = ReleaseResult(package, release, version)
+    status = qualification_status(catalog, package, release, version, refused or {})
+    kept = _result_path(catalog, package, release, tree, status)
+    if kept is not None and kept.is_file():
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            fields = json.loads(kept.read_text())
+            fields["cells"] = fields.pop("sets")
+            return ReleaseResult(**fields)
+    result = _computed_result(catalog, package, release, version, tree, status)
+    if kept is not None:
+        write_file_atomically(kept, json.dumps(result.to_json(), sort_keys=True).encode())
+    return result
+
+
+def _computed_result(catalog: Catalog, package: str, release: str, version: str, tree: Path,
+                     status: str) -> ReleaseResult:
+    result = ReleaseResult(package, release, version, status=status)
     required = [patch_set.name for patch_set in catalog.sets_for(package) if not patch_set.optional]
     base = _plan(catalog, package, tree, [])
     for name in required:
@@ -223,16 +252,42 @@ def release_result(catalog: Catalog, package: str, release: str, tree: Path) -> 
     return result
 
 
-def release_trees(catalog: Catalog) -> list[tuple[str, str, Path]]:
-    """(package, release, tree) for every release of the coverage matrix, AITER first (the one amd-aiter wheel PyPI
-    serves, then every tag from git)."""
+def discover(catalog: Catalog) -> list[Discovered]:
+    """The releases to qualify: AITER's tags and main, then vLLM's releases on the index (releases/discovery.py)."""
+    releases = load_releases()
+    return [aiter_releases(aiter_git(), releases), vllm_releases(catalog, releases)]
+
+
+def release_trees(catalog: Catalog, discovered: list[Discovered],
+                  progress=lambda line: None) -> list[tuple[str, str, Path]]:
+    """(package, release, tree) for every discovered release but those refused by name, AITER first (the one
+    amd-aiter wheel the index serves, then every tag from git). Trees are cached: only a new release costs a
+    download or a git read."""
     git_dir = aiter_git()
-    aiter_files, vllm_files = catalog.target_files("amd-aiter"), catalog.target_files("vllm")
     wheel = wheelhouse.AITER
-    trees = [("amd-aiter", f"{wheel.partition('==')[2]} (wheel)", wheel_tree(wheel, aiter_files))]
-    trees += [("amd-aiter", ref, aiter_tree(git_dir, ref, aiter_files)) for ref in aiter_releases(git_dir)]
-    trees += [("vllm", version, wheel_tree(f"vllm=={version}", vllm_files)) for version in VLLM_RELEASES]
+    trees = [("amd-aiter", f"{wheel.partition('==')[2]} (wheel)",
+              wheel_tree(wheel, catalog.target_files("amd-aiter")))]
+    for found in discovered:
+        files = catalog.target_files(found.package)
+        for release in found.releases:
+            if release in found.refused:
+                continue
+            progress(f"coverage: {found.package} {release}: laying out its files (cached after the first run)")
+            trees.append((found.package, release, aiter_tree(git_dir, release, files) if found.package == "amd-aiter"
+                          else wheel_tree(f"{found.package}=={release}", files)))
     return trees
+
+
+def results(catalog: Catalog, discovered: list[Discovered], progress=lambda line: None) -> list[ReleaseResult]:
+    """Every discovered release's row, in the order discovered (the amd-aiter wheel first)."""
+    refused = {(found.package, release): reason for found in discovered for release, reason in found.refused.items()}
+    trees = {(package, release): tree for package, release, tree in release_trees(catalog, discovered, progress)}
+    order = [(package, release) for package, release in trees if release.endswith("(wheel)")]
+    order += [(found.package, release) for found in discovered for release in found.releases]
+    by_package = {found.package: found.refused for found in discovered}
+    return [refused_result(catalog, package, release, refused[(package, release)]) if (package, release) in refused
+            else release_result(catalog, package, release, trees[(package, release)], by_package.get(package))
+            for package, release in order]
 
 
 def _cell(row: ReleaseResult, name: str) -> str:
@@ -249,9 +304,9 @@ def table(results: list[ReleaseResult], catalog: Catalog) -> str:
         if not rows:
             continue
         names = [patch_set.name for patch_set in catalog.sets_for(package)]
-        header = ["release", *names, "cycle"]
-        body = [[row.release, *[_cell(row, name) for name in names], "ok" if row.cycle == "ok" else "FAILED"]
-                for row in rows]
+        header = ["release", "status", *names, "cycle"]
+        body = [[row.release, row.status, *[_cell(row, name) for name in names],
+                 "ok" if row.cycle == "ok" else "refused" if row.status == "refused" else "FAILED"] for row in rows]
         widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
         out.append(f"{package}:")
         out.extend("  " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip()
@@ -267,6 +322,8 @@ def table(results: list[ReleaseResult], catalog: Catalog) -> str:
         out.extend(textwrap.fill(remark, width=118, initial_indent="  - ", subsequent_indent="    ",
                                  break_on_hyphens=False)
                    for remark in remarks)
+        new = [row.release for row in rows if row.status == "new"]
+        out.append(f"  new since the last qualification: {', '.join(new) or 'none'}")
         out.append("")
     return "\n".join(out)
 
@@ -275,28 +332,40 @@ def to_json(results: list[ReleaseResult]) -> str:
     return json.dumps({"releases": [result.to_json() for result in results]}, indent=1, sort_keys=True)
 
 
+def failures(results: list[ReleaseResult], catalog: Catalog) -> list[str]:
+    """Rows that fail qualification: a cycle that broke, or a required set that does not patch a release the data
+    does not refuse by name."""
+    required = {patch_set.name for patch_set in catalog.sets if not patch_set.optional}
+    return [f"{result.package} {result.release}" for result in results if result.status != "refused" and (
+        result.cycle != "ok" or any(result.cells[name] != "patched" for name in required & set(result.cells)))]
+
+
 def command(as_json: bool) -> int:
     """``python -m releases coverage``: print the table (or JSON); exit 1 when a required set fails a release."""
     catalog = load_catalog()
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
-        trees = release_trees(catalog)
+        discovered = discover(catalog)
+        rows = results(catalog, discovered, progress)
     except SourceMissing as error:
         print(f"coverage: {error}", file=sys.stderr)
         return 1
-    results = [release_result(catalog, package, release, tree) for package, release, tree in trees]
-    print(to_json(results) if as_json else table(results, catalog))
-    required = {patch_set.name for patch_set in catalog.sets if not patch_set.optional}
-    failed = any(result.cycle != "ok" or any(result.cells[name] != "patched" for name in required & set(result.cells))
-                 for result in results)
+    for found in discovered:
+        print(f"coverage: {found.package}: {len(found.releases)} releases from {found.source}", file=sys.stderr)
+    print(to_json(rows) if as_json else table(rows, catalog))
+    failed = failures(rows, catalog)
+    if failed:
+        print(f"coverage: not qualified: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("coverage", help="every patch set on every known AITER and vLLM release (real "
-                                                    "trees, cached), the whole patch cycle on each")
+    parser = subparsers.add_parser("coverage", help="every patch set on every AITER and vLLM release from the floor "
+                                                    "to the newest (discovered; real trees, cached), the whole patch "
+                                                    "cycle on each")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     parser.set_defaults(func=lambda args: command(args.json))
 
 
-__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_releases", "aiter_tree", "release_result",
-           "release_trees", "table", "to_json", "wheel_tree", "VLLM_RELEASES"]
+__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_tree", "discover", "failures", "release_result",
+           "release_trees", "results", "table", "to_json", "wheel_tree"]

@@ -24,6 +24,7 @@ from cdna2.cache import cache_root
 from cdna2.families import host_families
 from cdna2.host.families import family_of
 from cdna2.patches.catalog import load_catalog
+from cdna2.patches.releases import load_releases
 from lab import torchvenv
 from releases import gates
 
@@ -319,6 +320,12 @@ def command(args) -> int:
             target = {"label": f"vLLM {version} on {arch} (patch sets: {', '.join(sets)})"}
         if arch not in ("gfx90a", "gfx942"):
             raise ExplainError(f"arch {arch}: the gate runner pretends gfx90a or gfx942")
+        known = gates.releases()
+        if version not in known:
+            raise ExplainError(load_releases().refusal("vllm", version) or
+                               f"vLLM {version} is not one of the releases python -m releases gates takes "
+                               f"({known[0]} to {known[-1]}, from the floor in cdna2/data/releases.yaml to the "
+                               "newest on the index)")
         target["environment"] = environment
         model = Path(args.config).stem
         explanation = explain(config, model, version, arch, sets, environment,
@@ -339,7 +346,9 @@ def register(subparsers) -> None:
     parser.add_argument("--config", required=True, metavar="CONFIG.json", help="the model's HF config.json")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--host", help="a host of the last deploy report (its arch, vLLM version and patch sets)")
-    where.add_argument("--vllm-version", help="a vLLM release (0.23.0-0.33.0), patched with the required sets")
+    where.add_argument("--vllm-version", help="a vLLM release of python -m releases gates (from the floor in "
+                                              "cdna2/data/releases.yaml to the newest on the index), patched with "
+                                              "the required sets")
     parser.add_argument("--report", help="with --host: the deploy report JSON (default: $CDNA2_REPORT_DIR or "
                                          "reports/, latest.json)")
     parser.add_argument("--arch", default="gfx90a", choices=("gfx90a", "gfx942"), help="with --vllm-version")

@@ -37,9 +37,8 @@ from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
 from lab import torchvenv, wheelhouse
-from releases.coverage import VLLM_RELEASES
+from releases.discovery import vllm_releases
 
-RELEASES = VLLM_RELEASES  # the coverage table's vLLM releases
 ARCHES = ("gfx90a", "gfx942")
 COLUMNS = (("gfx90a", "stock"), ("gfx90a", "patched"), ("gfx942", "stock"), ("gfx942", "patched"))
 RUNNER = Path(__file__).resolve().parent / "vllm_gates" / "runner.py"
@@ -376,15 +375,23 @@ def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Pr
     return release, {"version": version, "stock": str(tree), "patched": str(copy) if patched else None}
 
 
-def evaluate(versions: tuple[str, ...] = RELEASES, progress: Progress = lambda line: None,
+def releases(catalog: Catalog | None = None) -> tuple[str, ...]:
+    """The coverage table's vLLM releases: every one from the floor to the newest on the index (releases/discovery.py),
+    but those refused by name."""
+    found = vllm_releases(catalog or load_catalog())
+    return tuple(release for release in found.releases if release not in found.refused)
+
+
+def evaluate(versions: tuple[str, ...] | None = None, progress: Progress = lambda line: None,
              workers: int = 2, catalog: Catalog | None = None) -> list[ReleaseGates]:
-    """Every release in ``versions``, in the given order: ``workers`` runners (each one busy process) share them.
-    ``catalog``: the patch sets to apply (default: the packaged ones).
+    """Every release in ``versions`` (default: ``releases()``), in the given order: ``workers`` runners (each one busy
+    process) share them. ``catalog``: the patch sets to apply (default: the packaged ones).
 
     A runner imports torch and what vLLM pulls in from outside itself once, then forks a child per release, tree
     and arch: that import (about 10 CPU-s) is paid per runner, not per release.
     """
     catalog = catalog or load_catalog()
+    versions = releases(catalog) if versions is None else versions
     progress("torch-CPU venv: building or reusing it")
     python = torchvenv.torch_cpu_python()
     with tempfile.TemporaryDirectory(prefix="cdna2-gates-") as scratch:
@@ -415,6 +422,7 @@ def command(json_path: Path | None) -> int:
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("gates", help="vLLM's arch gates and attention backend selection on every vLLM "
-                                                 "release, stock and patched, on gfx90a and gfx942")
+                                                 "release from the floor to the newest on the index, stock and "
+                                                 "patched, on gfx90a and gfx942")
     parser.add_argument("--json", metavar="FILE", help="also write the results to FILE (the table goes to stdout)")
     parser.set_defaults(func=lambda args: command(Path(args.json) if args.json else None))

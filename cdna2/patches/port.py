@@ -22,6 +22,7 @@ from cdna2.patches.catalog import PatchSet, Site, Variant
 from cdna2.patches.planner import PATCHED, PRISTINE, site_state
 
 PLACE_THRESHOLD = 0.6  # below this the best window is not the site, only something like it
+RENAMED_RATIO = 0.9  # two names this alike (difflib ratio) are taken for one renamed upstream
 
 
 @dataclass
@@ -40,11 +41,23 @@ def _names(tokens: list[str]) -> set[str]:
     return {token for token in tokens if token.isidentifier() and not keyword.iskeyword(token)}
 
 
+def _shared_names(wanted: set[str], found: set[str]) -> float:
+    """The share of ``wanted`` names ``found`` uses: a name found as it is counts 1, one found only renamed (a name
+    of ``found`` spelled almost alike, as is_aiter_found_and_supported_on_rdna4 became ..._on_rdna) counts half."""
+    if not wanted:
+        return 1.0
+    exact = wanted & found
+    renamed = [name for name in wanted - found if any(
+        difflib.SequenceMatcher(None, name, other).ratio() >= RENAMED_RATIO for other in found - wanted)]
+    return (len(exact) + len(renamed) / 2) / len(wanted)
+
+
 def _best_window(text: str, site: Site) -> tuple[float, int, int] | None:
     """(score, first row, last row) of the file's code-line window most like the anchor's code lines.
 
     The score is the token-sequence ratio times the square of the share of the anchor's names the window uses:
-    a site is known by the names around it (is_mha_enabled is not is_mla_enabled, however alike they look).
+    a site is known by the names around it (is_mha_enabled is not is_mla_enabled, however alike they look: a name
+    found only renamed counts half, so the site's own window, where it still exists, wins).
     """
     lang = matching.language(site.file)
     anchor = matching.code_lines(site.anchor, lang, True)
@@ -59,10 +72,10 @@ def _best_window(text: str, site: Site) -> tuple[float, int, int] | None:
     for start in range(len(lines) - len(anchor) + 1):
         window = lines[start:start + len(anchor)]
         tokens = _tokens(window)
-        shared = len(wanted_names & _names(tokens)) / len(wanted_names) if wanted_names else 1.0
         matcher.set_seq1(tokens)
-        if best and matcher.real_quick_ratio() * shared ** 2 <= best[0]:
+        if best and matcher.real_quick_ratio() <= best[0]:
             continue
+        shared = _shared_names(wanted_names, _names(tokens))
         score = matcher.ratio() * shared ** 2
         if best is None or score > best[0]:
             best = (score, window[0].first_row, window[-1].last_row)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import inspect
 import json
 import os
 import sys
 import traceback
+import types
 from pathlib import Path
 
 import loader  # the runner's own modules, beside it (the script's directory is on sys.path)
@@ -39,7 +41,10 @@ GATE_MODULES = {
     "torch_scaled_mm": "vllm.model_executor.kernels.linear.scaled_mm.pytorch",
     "aiter_scaled_mm": "vllm.model_executor.kernels.linear.scaled_mm.aiter",
     "fp8_utils": "vllm.model_executor.layers.quantization.utils.fp8_utils",
+    "model_configs": "vllm.model_executor.models.config",
 }
+# Model config hooks that pick an attention backend themselves from a gate the sets open (vLLM 0.34 on).
+BACKEND_PINNING_CONFIGS = ("MuseGlimmerAttentionConfig",)
 FAST_FP8_ELIGIBLE = "_gfx90a_fast_fp8_eligible"  # added by the vllm-fast-fp8-dequant set
 
 
@@ -162,6 +167,11 @@ def evaluate_gates(registered_ops: list[str], candidates: set[str]) -> dict:
             gate = f"{cls.__name__}.is_supported()"
             _evaluate(gates, gate, lambda cls=cls: cls.is_supported(capability.to_int()))
             gates[gate]["on_rocm"] = _on_rocm(cls, classes, candidates)
+    configs_source = _source_of(GATE_MODULES["model_configs"])
+    pinning = [name for name in BACKEND_PINNING_CONFIGS if f"class {name}(" in configs_source]
+    model_configs = _module("model_configs", gates) if pinning else None
+    for name in pinning if model_configs is not None else ():
+        _evaluate(gates, f"{name} pins ROCM_AITER_FA", lambda name=name: _pinned_backend(getattr(model_configs, name)))
     fp8_utils = _module("fp8_utils", gates)
     if fp8_utils is not None and hasattr(fp8_utils, FAST_FP8_ELIGIBLE):
         import torch
@@ -170,6 +180,25 @@ def evaluate_gates(registered_ops: list[str], candidates: set[str]) -> dict:
         _evaluate(gates, f"{FAST_FP8_ELIGIBLE}() (e4m3fn, fp32 scales, 128x128 blocks)",
                   lambda: getattr(fp8_utils, FAST_FP8_ELIGIBLE)(operand, operand, scales, scales, [128, 128]))
     return gates
+
+
+def _source_of(module_name: str) -> str:
+    """The text of a vLLM module as the trees hold it, without importing it ("" where no tree has it)."""
+    spec = importlib.util.find_spec(module_name)
+    origin = getattr(spec, "origin", None) if spec else None
+    return Path(origin).read_text(encoding="utf-8") if origin and Path(origin).is_file() else ""
+
+
+def _pinned_backend(config_hook) -> tuple[bool, str | None]:
+    """Whether a model config hook sets --attention-backend ROCM_AITER_FA by itself, on vLLM's default attention
+    and compilation configs (the other attributes it reads are unset, as the selection's ConfigDouble has them)."""
+    config = importlib.import_module("vllm.config")
+    vllm_config = types.SimpleNamespace(attention_config=config.AttentionConfig(),
+                                        compilation_config=config.CompilationConfig())
+    config_hook.verify_and_update_config(vllm_config)
+    backend = vllm_config.attention_config.backend
+    name = getattr(backend, "name", backend)
+    return name == "ROCM_AITER_FA", name
 
 
 def _record_op_registrations(registered: list[str]) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.aiter_git import aiter_git_dir
+from lab.aiter_git import missing_reason
 from tests.lab.conftest import one_host_lab
 from tests.lab.deploy_runner import run_pyinfra
 
@@ -23,9 +23,8 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 @pytest.fixture()
 def develop_lab(monkeypatch: pytest.MonkeyPatch):
-    git_dir = aiter_git_dir()
-    if not (git_dir / "HEAD").is_file():
-        pytest.skip(f"no AITER git history at {git_dir}: set CDNA2_AITER_GIT to a clone of github.com/ROCm/aiter")
+    if missing_reason():
+        pytest.skip(missing_reason())
     with one_host_lab("develop", "--aiter", "develop", monkeypatch=monkeypatch) as lab:
         yield lab
 

@@ -537,3 +537,29 @@ def test_verify_reports_a_deployed_host_whose_gfx90a_gpus_no_longer_show(fault_l
     assert verify["status"] == "failed", verify
     assert "1 gfx90a GPU on the PCI bus (0000:87:00.0 [1002:740f]), yet neither rocminfo nor the KFD topology " \
            "lists a GPU agent" in verify["detail"], verify["detail"]
+
+
+def test_a_package_whose_patches_cannot_be_planned_fails_the_host_before_anything_changes(fault_lab: dict,
+                                                                                          tmp_path: Path) -> None:
+    # A vLLM file edited outside the patch sites refuses the vLLM plan; the host is failed in its preflight, with
+    # the file and the fix, and keeps what it had: no translated kernels are uploaded and AITER stays pristine.
+    victim = running_hosts(fault_lab)[0]
+    rolled_back = run_pyinfra("-y", "rollback.py", "--limit", victim["name"], report_dir=tmp_path)
+    assert rolled_back.returncode == 0, rolled_back.output[-4000:]
+    edited = site_packages(victim) / "vllm/_aiter_ops.py"  # vllm-attention-gate changes it in every variant
+    pristine = edited.read_bytes()
+    edited.write_bytes(pristine + b"\n# a local edit\n")
+    try:
+        before = host_snapshot(victim)
+        run = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path)
+        row = run.row(victim["name"])
+        assert run.returncode != 0 and "preflight" in row["steps"], row
+        detail = row["steps"]["preflight"]["detail"]
+        assert row["status"] == "failed" and "kernels" not in row["steps"], row
+        assert detail.startswith("patches vllm: vllm/_aiter_ops.py: edited outside our patch sites"), detail
+        assert "reinstall the package or restore the file" in detail
+        assert host_snapshot(victim) == before, "the refused host changed"
+    finally:
+        edited.write_bytes(pristine)
+    redeployed = run_pyinfra("-y", "deploy.py", "--limit", victim["name"], report_dir=tmp_path)
+    assert redeployed.returncode == 0, redeployed.output[-4000:]

@@ -13,7 +13,7 @@ import pytest
 
 from cdna2.cache import cache_root
 from cdna2.kernels import Policy, find_llvm, translate_tree
-from lab.aiter_git import aiter_git_dir
+from lab.aiter_git import aiter_git, missing_reason
 from lab import wheelhouse
 
 KERNEL_TEMPLATE = """\
@@ -98,20 +98,17 @@ def build_code_object(llvm_tools, tmp_path):
     return build
 
 
-AITER_GIT = aiter_git_dir()  # a bare repository
-
-
 def aiter_git_tree(tag: str) -> Path:
     """AITER's hsa/gfx942 tree at `tag`, exported once into the cache (skips the test when the history is absent)."""
-    if not (AITER_GIT / "HEAD").is_file():
-        pytest.skip(f"no AITER git history at {AITER_GIT}: set CDNA2_AITER_GIT to a clone of github.com/ROCm/aiter")
+    if missing_reason():
+        pytest.skip(missing_reason())
     tree = cache_root() / "trees" / f"aiter-git-{tag}"
     with wheelhouse.cache_lock("trees"):
         if not (tree / ".complete").exists():
             staging = tree.with_name(tree.name + ".staging")
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
-            archive = subprocess.run(["git", f"--git-dir={AITER_GIT}", "archive", tag, "hsa/gfx942"],
+            archive = subprocess.run(["git", f"--git-dir={aiter_git()}", "archive", tag, "hsa/gfx942"],
                                      capture_output=True, check=True).stdout
             tarfile.open(fileobj=io.BytesIO(archive)).extractall(staging, filter="data")
             (staging / ".complete").touch()

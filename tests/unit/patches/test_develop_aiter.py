@@ -26,19 +26,16 @@ from cdna2.host.digests import git_hash_field, record_hash, tree_digest
 from cdna2.host.distributions import file_content
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
-from lab.aiter_git import aiter_git_dir
+from lab.aiter_git import aiter_git, missing_reason
 from cdna2.plan import FAIL, PROCEED, develop_checkout, kernels_decision, target_env_error
 from cdna2.reports.run import HostRow, summarise_probe
 from cdna2.translated import KernelSourceError, ensure_source
 from tests.unit.test_probe import PROBE_ARGV
 
-AITER_GIT = aiter_git_dir()
 TAG, VERSION = "v0.1.19", "0.1.19"
 KERNELS = 3  # gfx942 kernel files committed into the checkout: enough for a tree digest
 
-pytestmark = pytest.mark.skipif(not (AITER_GIT / "HEAD").is_file(),
-                                reason=f"no AITER git history at {AITER_GIT}: set CDNA2_AITER_GIT to a clone of "
-                                       f"github.com/ROCm/aiter")
+pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
 
 
 def git(checkout: Path, *args: str) -> str:
@@ -46,7 +43,7 @@ def git(checkout: Path, *args: str) -> str:
 
 
 def shown(path: str) -> bytes | None:
-    found = subprocess.run(["git", "--git-dir", str(AITER_GIT), "show", f"{TAG}:{path}"], capture_output=True)
+    found = subprocess.run(["git", "--git-dir", str(aiter_git()), "show", f"{TAG}:{path}"], capture_output=True)
     return found.stdout if found.returncode == 0 else None
 
 
@@ -54,7 +51,7 @@ def shown(path: str) -> bytes | None:
 def checkout_source(catalog, tmp_path_factory) -> Path:
     """AITER v0.1.19's catalog targets and a few gfx942 kernels at their repository paths (not yet a git tree)."""
     root = tmp_path_factory.mktemp("aiter-source")
-    listing = subprocess.run(["git", "--git-dir", str(AITER_GIT), "ls-tree", "-r", "--name-only", TAG, "hsa/gfx942/"],
+    listing = subprocess.run(["git", "--git-dir", str(aiter_git()), "ls-tree", "-r", "--name-only", TAG, "hsa/gfx942/"],
                              check=True, capture_output=True, text=True).stdout.split()
     paths = [checkout_path(path) for path in catalog.target_files("amd-aiter")] + listing[:KERNELS]
     for path in ["setup.py", *paths]:

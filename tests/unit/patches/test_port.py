@@ -87,3 +87,29 @@ def test_a_site_whose_context_changed_is_placed_by_surrounding_code(catalog, tmp
     site = next(s for s in yaml.safe_load(out)[0]["sites"] if s["id"] == "is_mha_enabled-gate")
     assert site["replacement"] == ("    @classmethod\n    @if_aiter_attention_supported  # gfx90a-asm-enable\n"
                                    "    def is_mha_enabled(cls, layer=None) -> bool:\n")
+
+
+@pytest.mark.slow
+def test_a_site_whose_helper_was_renamed_upstream_is_placed_and_flagged_for_rewriting(catalog, tmp_path, capsys,
+                                                                                       monkeypatch):
+    """vLLM 0.34.0 renamed is_aiter_found_and_supported_on_rdna4() to ..._on_rdna() inside vllm-ck-int8-gemm's
+    register-ops anchor. Without the variant written for 0.34.0, port places the site there (the renamed name counts
+    half) and says its change must be rewritten by hand; a name merely alike elsewhere does not win over it."""
+    ck_set = "vllm-ck-int8-gemm"
+    without_034 = replace(catalog, sets=tuple(
+        patch_set if patch_set.name != ck_set else
+        replace(patch_set, variants=tuple(v for v in patch_set.variants if v.id != "0.34"))
+        for patch_set in catalog.sets))
+    root = tmp_path / "site-packages"
+    shutil.copytree(vllm_tree("0.34.0"), root)
+    monkeypatch.setattr("cdna2.patches.cli.load_catalog", lambda: without_034)
+    code = main(["patch", "port", "--set", ck_set, "--site-packages", str(root)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "# review: register-ops: placed at vllm/_aiter_ops.py line" in out
+    assert "the lines its change rewrites differ upstream: rewrite the replacement by hand" in out
+    site = next(s for s in yaml.safe_load(out)[0]["sites"] if s["id"] == "register-ops")
+    assert "is_aiter_found_and_supported() or is_aiter_found_and_supported_on_rdna()\n" in site["anchor"]
+    real = next(site for variant in catalog.by_name(ck_set).variants if variant.id == "0.34"
+                for site in variant.sites if site.id == "register-ops")
+    assert site["anchor"] == real.anchor

@@ -1,7 +1,8 @@
-"""Every AITER tag v0.1.16..v0.1.20.post1 and main, every vLLM 0.23.0..0.33.0: each set, the whole patch cycle.
+"""Every AITER tag from v0.1.16 with main, every vLLM from 0.23.0 to the newest on the index: each set, the whole cycle.
 
-The release trees are built once (cached under $CDNA2_CACHE/release-trees) from the real AITER git history and the
-real PyPI wheels; the results are computed once per session and shared by every test here.
+The releases are discovered (releases/discovery.py: the index, the tags), the trees built once (cached under
+$CDNA2_CACHE/release-trees) from the real AITER git history and the real wheels, and each release's row kept in
+$CDNA2_CACHE/coverage-results; the results are computed once per session and shared by every test here.
 """
 
 from __future__ import annotations
@@ -9,50 +10,67 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from cdna2.patches import plan_package, record_hash
 from cdna2.patches.cli import apply_in_place, probe
 from releases import coverage
+from releases.discovery import named_versions
 
 pytestmark = pytest.mark.slow
-README = Path(__file__).resolve().parents[3] / "docs" / "maintainers" / "adding-a-release.md"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "release-qualification.md"
 
 
 @pytest.fixture(scope="session")
-def trees(catalog):
+def discovered(catalog):
     try:
-        return coverage.release_trees(catalog)
+        return coverage.discover(catalog)
     except coverage.SourceMissing as error:
-        pytest.skip(f"no release source here: {error}")
+        pytest.skip(str(error))
 
 
 @pytest.fixture(scope="session")
-def results(catalog, trees):
-    return [coverage.release_result(catalog, package, release, tree) for package, release, tree in trees]
+def trees(catalog, discovered):
+    return coverage.release_trees(catalog, discovered)
+
+
+@pytest.fixture(scope="session")
+def results(catalog, discovered, trees):
+    return coverage.results(catalog, discovered)
 
 
 def by_release(results, release):
     return next(result for result in results if result.release == release)
 
 
-def test_every_release_of_the_matrix_is_there(results):
-    git_dir = coverage.aiter_git()
-    tags = subprocess.run(["git", "--git-dir", str(git_dir), "tag"], capture_output=True, text=True).stdout.split()
-    expected = sorted(tag for tag in tags if re.fullmatch(r"v0\.1\.(1[6-9]|20)(\.post\d+)?", tag))
-    aiter = [result.release for result in results if result.package == "amd-aiter"]
-    assert aiter.pop(0) == "0.1.7.post2.dev18 (wheel)"
-    assert sorted(aiter[:-1]) == expected and aiter[-1] == "main"
-    assert len(aiter) == 15, aiter  # 0.1.16 + 6 posts, 0.1.17, 0.1.18, 0.1.19 + 2 posts, 0.1.20 + 1 post, main
-    assert [result.release for result in results if result.package == "vllm"] == list(coverage.VLLM_RELEASES)
+def test_every_release_from_the_floor_to_the_newest_is_there(catalog, results, discovered):
+    aiter, vllm = discovered
+    tags = [release for release in aiter.releases if release != "main"]
+    assert tags == sorted(tags, key=lambda tag: Version(tag)) and tags[0] == "v0.1.16" and aiter.releases[-1] == "main"
+    rows = [result.release for result in results if result.package == "amd-aiter"]
+    assert rows.pop(0) == "0.1.7.post2.dev18 (wheel)" and rows == aiter.releases
+    assert len(rows) >= 15, rows  # 0.1.16 + 6 posts, 0.1.17, 0.1.18, 0.1.19 + 2 posts, 0.1.20 + 1 post, main
+    assert [result.release for result in results if result.package == "vllm"] == vllm.releases
+    assert vllm.releases[0] == "0.23.0" and vllm.releases == sorted(vllm.releases, key=Version)
+    assert named_versions(catalog, "vllm") <= set(vllm.releases), "a qualified release is missing from the list"
+    assert "0.34.0" in vllm.releases and "0.22.1" not in vllm.releases  # the index served 0.34.0 at qualification
+
+
+def test_every_release_is_qualified_with_every_set_or_refused_by_name(results, discovered):
+    for result in results:
+        assert result.status in ("qualified", "main", "refused"), (result.release, result.status, result.cells)
+    assert {result.release for result in results if result.status == "refused"} == {
+        release for found in discovered for release in found.refused}
 
 
 def test_every_set_patches_every_release_and_the_cycle_holds(results):
     for result in results:
+        if result.status == "refused":
+            continue  # refused by name: nothing is laid out for it
         assert result.cycle == "ok", (result.release, result.cycle)
         if result.release.endswith("(wheel)"):
             continue  # test_aiter_wheel_declines_optional_sets_whose_feature_it_lacks_by_name
@@ -71,6 +89,7 @@ def test_vllm_027_028_get_the_fp8_scaled_mm_narrowing(catalog, results, trees, t
         assert "if on_gfx9() and not on_mi3xx():\n" in narrowed
     for release in ("0.29.0", "0.33.0"):  # upstream refuses gfx90a there itself (_rocm_torch_fp8_scaled_mm_supported)
         assert by_release(results, release).variants["vllm-attention-gate"] == "0.33"
+    assert by_release(results, "0.34.0").variants["vllm-attention-gate"] == "0.34"  # + muse-glimmer-backend
 
 
 def test_variant_0_33_is_not_taken_where_the_fp8_gate_is_still_open(catalog, trees, tmp_path):
@@ -155,12 +174,12 @@ def test_table_and_json_name_every_release_and_set(catalog, results):
     assert document["releases"][0]["sets"]["aiter-asm-paths"] == "patched"
 
 
-def test_readme_carries_the_current_coverage_table(catalog, results):
-    readme = README.read_text()
-    start = readme.index("<!-- coverage:start -->\n```\n") + len("<!-- coverage:start -->\n```\n")
-    end = readme.index("```\n<!-- coverage:end -->")
-    assert readme[start:end] == coverage.table(results, catalog) + "\n", \
-        "adding-a-release.md: stale coverage table: paste the output of python -m releases coverage"
+def test_the_docs_carry_the_current_coverage_table(catalog, results):
+    docs = DOCS.read_text()
+    start = docs.index("<!-- coverage:start -->\n```\n") + len("<!-- coverage:start -->\n```\n")
+    end = docs.index("```\n<!-- coverage:end -->")
+    assert docs[start:end] == coverage.table(results, catalog) + "\n", \
+        f"{DOCS.name}'s coverage table is stale: paste the output of python -m releases coverage"
 
 
 def test_audit_lists_gates_left_for_gfx90a_after_the_plan(catalog, trees, tmp_path):

@@ -1,4 +1,4 @@
-"""vLLM's arch gates, proven by behaviour on every real vLLM release 0.23.0-0.33.0 (issue 12), stock and patched.
+"""vLLM's arch gates, proven by behaviour on every real vLLM release from 0.23.0 to the newest on the index.
 
 Slow part: releases.gates patches a copy of each release's files with the engine as it is, and
 releases/vllm_gates/runner.py imports vLLM from the real trees on CPU torch, with only amdsmi (the device query) and
@@ -23,9 +23,12 @@ NAMED_GATES = ("rocm_aiter_ops.is_mha_enabled()", "AiterFlashAttentionBackend.su
                "is_aiter_found_and_supported()")
 
 
+RELEASES = gates.releases()  # discovered (releases/discovery.py); the index's answer is kept for a day
+
+
 @pytest.fixture(scope="session")
 def evaluated() -> dict[str, gates.ReleaseGates]:
-    return {release.version: release for release in gates.evaluate()}
+    return {release.version: release for release in gates.evaluate(RELEASES)}
 
 
 def _cell(release: gates.ReleaseGates, gate: str, arch: str, tree: str) -> str:
@@ -38,7 +41,7 @@ def _cell(release: gates.ReleaseGates, gate: str, arch: str, tree: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("version", [
     pytest.param(version, marks=pytest.mark.xfail(reason=KNOWN_GAPS[version], strict=True))
-    if version in KNOWN_GAPS else version for version in gates.RELEASES])
+    if version in KNOWN_GAPS else version for version in RELEASES])
 def test_gates_behave_as_expected(evaluated, version):
     release = evaluated[version]
     assert release.patched, f"vLLM {version}: {release.patch_status}"
@@ -63,7 +66,7 @@ def test_gates_behave_as_expected(evaluated, version):
 def test_table_names_every_release_with_a_verdict(evaluated):
     table = gates.render(list(evaluated.values()))
     print(table)  # shown with pytest -s: the measured table
-    for version in gates.RELEASES:
+    for version in RELEASES:
         assert f"\nvLLM {version}: " in table
         assert f"| {version} | rocm_aiter_ops.is_mha_enabled() | attention |" in table
 
@@ -167,7 +170,7 @@ def _choices(release: gates.ReleaseGates, model: str, arch: str, tree: str, orde
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", gates.RELEASES)
+@pytest.mark.parametrize("version", RELEASES)
 def test_patched_gfx90a_never_selects_aiter_fa_for_a_model_with_a_sliding_window(evaluated, version):
     """vLLM's own selector, per layer kind, on the four model configs: the guard declines ROCM_AITER_FA for every layer
     of the three sliding-window models on patched gfx90a (the next backend takes them; an explicit choice fails at
@@ -226,6 +229,34 @@ def test_without_the_guard_site_the_table_fails_every_sliding_model(tmp_path):
         assert any(failure.startswith(f"{model} (sliding-window layers) on patched gfx90a (explicit ROCM_AITER_FA)")
                    for failure in release.failures), release.failures
     assert not any(failure.startswith(FULL_MODEL) for failure in release.failures)
+
+
+@pytest.mark.slow
+def test_without_variant_0_34_muse_glimmer_pins_aiter_fa_on_patched_gfx90a_and_the_table_fails(evaluated, tmp_path):
+    """vLLM 0.34.0 with vllm-attention-gate's variant 0.34 removed from the data: variant 0.33 patches it (its sites
+    are all there), is_mha_enabled() opens on gfx90a, and MuseGlimmerAttentionConfig pins ROCM_AITER_FA for a model
+    with sliding-window layers there; the judge names that gate. With the variant (the packaged data) it stays closed.
+    """
+    import shutil
+
+    import yaml
+
+    from cdna2.patches.catalog import DEFAULT_PATCHSET_DIR, load_catalog
+
+    shutil.copytree(DEFAULT_PATCHSET_DIR, tmp_path / "patchsets")
+    path = tmp_path / "patchsets" / "vllm-attention-gate.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["variants"] = [variant for variant in data["variants"] if variant["id"] != "0.34"]
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    gate = "MuseGlimmerAttentionConfig pins ROCM_AITER_FA"
+    [release] = gates.evaluate(("0.34.0",), catalog=load_catalog(tmp_path / "patchsets"), workers=1)
+    assert release.variants["vllm-attention-gate"] == "0.33"
+    assert release.verdict == "FAIL"
+    assert f"{gate} (other) is open on patched gfx90a; expected closed (as stock)" in release.failures
+    packaged = evaluated["0.34.0"]
+    assert packaged.variants["vllm-attention-gate"] == "0.34" and packaged.failures == []
+    assert _cell(packaged, gate, "gfx90a", "patched") == "closed"
+    assert _cell(packaged, gate, "gfx942", "stock") == _cell(packaged, gate, "gfx942", "patched") == "open"
 
 
 def _selected(backend_by_column: dict[tuple[str, str], dict[str, dict[str, dict]]]) -> dict:

@@ -14,6 +14,7 @@ import pytest
 from cdna2.reports.groups import hosts_label
 from cdna2.reports.hostlist import compress
 from cdna2.reports.run import CHANGED, FAILED, SKIPPED, UNCHANGED, RunReport
+from cdna2.slurm.steps import steps_summary
 
 STEPS = ("wheels", "kernels", "patches amd-aiter", "smoke")
 PACKAGES = {"amd-aiter": "0.1.7.post2.dev18", "torch": "2.9.1+rocm6.4", "triton": "3.7.0 -> 3.7.1", "vllm": None}
@@ -140,9 +141,12 @@ def test_the_json_keeps_every_node_and_the_hosts_file_one_row_each(tmp_path: Pat
 
 def test_the_transport_line_is_in_the_summary_when_the_transport_sets_it() -> None:
     report, _ = allocation("verify", 4, differing=False)
-    report.transport = "slurm: 2 job steps"
-    assert "\n- transport: slurm: 2 job steps\n" in report.to_markdown()
-    assert report.to_json()["summary"]["transport"] == "slurm: 2 job steps"
+    report.transport = steps_summary({"steps": 2, "fanout_steps": 1, "fanout_nodes": 4, "node_steps": 1,
+                                      "latencies_s": [0.08, 0.3]})
+    line = "Slurm job steps: 2 (1 across nodes, for 4 node runs; 1 on one node); median step 300 ms"
+    assert f"\n- transport: {line}\n" in report.to_markdown()
+    assert report.to_json()["summary"]["transport"] == line
+    assert report.to_json()["transport"]["steps"] == 2
 
 
 def test_host_lists_are_written_as_slurm_reads_them() -> None:

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 from cdna2.host import jit, smoke_static
-from lab.aiter_git import aiter_git_dir
+from lab.aiter_git import aiter_git, missing_reason
 from lab import wheelhouse
 
 ROOT = Path(__file__).resolve().parents[3]
-AITER_GIT = aiter_git_dir()
 TAGS = ("v0.1.17", "v0.1.19", "v0.1.20.post1", "main")
 
 
@@ -33,10 +32,10 @@ def test_the_0_1_7_wheel_builds_the_pa_and_fmha_tables_into_their_modules() -> N
     assert "module_aiter_core" not in modules and "module_gemm_a8w8" not in modules, "CK and core read no tree"
 
 
-@pytest.mark.skipif(not AITER_GIT.is_dir(), reason=f"no AITER git mirror at {AITER_GIT} (set CDNA2_AITER_GIT)")
+@pytest.mark.skipif(missing_reason() is not None, reason=missing_reason() or "")
 @pytest.mark.parametrize("tag", TAGS)
 def test_later_aiter_builds_every_fmha_v3_table_from_hsa_codegen(tmp_path: Path, tag: str) -> None:
-    config = subprocess.run(["git", f"--git-dir={AITER_GIT}", "show", f"{tag}:aiter/jit/optCompilerConfig.json"],
+    config = subprocess.run(["git", f"--git-dir={aiter_git()}", "show", f"{tag}:aiter/jit/optCompilerConfig.json"],
                             capture_output=True, check=True).stdout
     (tmp_path / jit.JIT_CONFIG).parent.mkdir(parents=True)
     (tmp_path / jit.JIT_CONFIG).write_bytes(config)
