@@ -45,6 +45,12 @@ def command(args) -> int:
     print(table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    if args.write:
+        for relative, text in sorted(result["files"].items()):
+            target = Path(args.write) / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            print(f"wrote {target}")
     return 1 if any(entry["status"] == "failed" for entry in result["entries"]) else 0
 
 
@@ -56,4 +62,6 @@ def register(subparsers) -> None:
                                                                   f"{DEFAULT_TRITON})")
     parser.add_argument("--host", help="host profile of the rules (MI210, MI250X; default the rules' default_host)")
     parser.add_argument("--json", help="also write the proof as JSON to this file")
+    parser.add_argument("--write", metavar="DIR", help="write each derived gfx90a config file under DIR at its path "
+                                                       "under site-packages (what the aiter-triton-gfx90a set adds)")
     parser.set_defaults(func=command)
