@@ -167,10 +167,11 @@ def _shape(relative: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
-def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: str, progress) -> dict[str, dict]:
+def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: str, progress,
+                kind: str = "compiles") -> dict[str, dict]:
     if not requests:
         return {}
-    job = {"site_packages": str(site_packages), "arch": arch, "compiles": requests}
+    job = {"site_packages": str(site_packages), "arch": arch, kind: requests}
     worker = Path(__file__).with_name("worker.py")
     with tempfile.TemporaryDirectory(prefix="cdna2-triton-") as scratch:
         # A fresh Triton cache: the proof compiles every kernel itself; its own cache is the proof's result.
@@ -191,6 +192,23 @@ def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: s
             raise ProofError(f"the compile worker ({python}) failed (exit {process.returncode}): "
                              f"{''.join(errors)[-2000:]}")
     return {result["id"]: result for result in json.loads(output)["results"]}
+
+
+# AITER's config lookups of the ops the aiter-triton-gfx90a set gives configs, by release layout.
+LOOKUPS = (
+    {"id": "gemm_a16w16", "function": "_get_config", "args": [4096, 4096, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.gemm_a16w16",
+                 "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16"]},
+    {"id": "mha", "function": "_get_config", "args": [True, {"dtype": "bf16"}, True],
+     "modules": ["aiter.ops.triton._triton_kernels.mha", "aiter.ops.triton._triton_kernels.attention.mha"]},
+)
+
+
+def look_up(site_packages: Path, triton_version: str, arch: str) -> dict[str, dict]:
+    """AITER's own lookups of gemm_a16w16's and MHA's configs in ``site_packages``, run as on a host of ``arch``:
+    ``{op: {"ok", "config" | "error"}}``."""
+    python = toolchain.triton_python(triton_version)
+    return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")
 
 
 def _problem(proof: ConfigProof, limit: int) -> str:

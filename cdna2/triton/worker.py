@@ -3,7 +3,8 @@ holding one triton wheel (``python worker.py < job.json``). Standard library and
 
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
 "tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
-the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names). Output (stdout, JSON): one result per compile: ``ok``, ``error``, ``lds_bytes``,
+the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names). With ``"lookups": [{"id", "modules", "function", "args"}]`` it calls AITER's own config lookups instead, as they
+run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile: ``ok``, ``error``, ``lds_bytes``,
 ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``, ``scratch_bytes``, ``mfma`` (instruction ->
 count).
 
@@ -166,6 +167,16 @@ def compile_one(site_packages: Path, request: dict, torch) -> dict:
             **measure(compiled)}
 
 
+def look_up(site_packages: Path, request: dict, torch) -> dict:
+    """Call AITER's own config lookup (``request["function"]`` of the first of ``modules`` in the tree) with the
+    arch the stand-in driver reports; ``{"dtype": "bf16"}`` arguments become torch dtypes."""
+    module, function = _kernel(site_packages, request["modules"], request["function"])
+    args = [getattr(torch, DTYPES[arg["dtype"]]) if isinstance(arg, dict) else arg for arg in request["args"]]
+    found = function(*args)
+    config = found[0] if isinstance(found, tuple) else found  # 0.1.20's GEMM lookup also says whether it was tuned
+    return {"id": request["id"], "ok": True, "function": f"{module}:{request['function']}", "config": dict(config)}
+
+
 def main() -> int:
     job = json.load(sys.stdin)
     site_packages = Path(job["site_packages"])
@@ -175,7 +186,13 @@ def main() -> int:
 
     sys.path.insert(0, str(site_packages))
     results = []
-    for request in job["compiles"]:
+    for request in job.get("lookups", []):
+        driver.set_active(_stand_in_driver(job["arch"]))
+        try:
+            results.append(look_up(site_packages, request, torch))
+        except Exception as error:  # a lookup that fails is the answer asked for, named
+            results.append({"id": request["id"], "ok": False, "error": f"{type(error).__name__}: {error}"[:600]})
+    for request in job.get("compiles", []):
         driver.set_active(_stand_in_driver(request.get("arch", job["arch"])))
         try:
             results.append(compile_one(site_packages, request, torch))
