@@ -309,5 +309,5 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda args: command(args.json))
 
 
-__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_triton_tree", "aiter_releases", "aiter_tree", "release_result",
-           "release_trees", "table", "to_json", "wheel_tree", "VLLM_RELEASES"]
+__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_releases", "aiter_tree", "aiter_triton_tree",
+           "release_result", "release_trees", "table", "to_json", "wheel_tree", "VLLM_RELEASES"]

@@ -12,7 +12,8 @@ no JIT output built before its inputs were patched survives, no module compiled 
 the gfx90a tree, no JIT lock is orphaned, ``import aiter`` works where torch is a ROCm build (and must, on a
 gfx90a host). GPU checks run ``cdna2.host.smoke_gpu`` in child processes on a host the probe saw as gfx90a
 (``--host-arch``): a GPU that cannot be used there fails them, with the reason; they are "skipped" only on a host
-with no GPU or another arch, or with ``--no-gpu-checks``, never "passed".
+with no GPU or another arch, or with ``--no-gpu-checks``, never "passed" (and the Triton GEMM checks where the
+optional aiter-triton-gfx90a set that installs its gfx90a configs is not applied).
 
 Each GPU child runs isolated (``python -I``: no working directory, PYTHONPATH or user site on its path) from the
 state directory, in a session of its own (gpu_run.py); when it ends, or at its time limit, whatever is left of its
@@ -43,12 +44,17 @@ DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITE
 @dataclass(frozen=True)
 class GpuCheck:
     """A GPU check: the smoke_gpu case it runs and what a load line's code object, relative to the provisioned
-    hsa/gfx90a, must match (a regular expression; None: no proof)."""
+    hsa/gfx90a, must match (a regular expression; None: no proof), or the Triton kernel it must have launched.
+    ``needs`` lists files (under site-packages) of which one must exist for the check to apply: the configs the
+    optional patch set ``needs_set`` installs; without them the check is skipped, naming the set."""
 
     name: str
     case: str
     proof: str | None
     what: str
+    triton_kernel: str | None = None
+    needs: tuple[str, ...] = ()
+    needs_set: str = ""
 
 
 GPU_ARCH = "gfx90a"
@@ -70,7 +76,14 @@ GPU_CHECKS = (
     GpuCheck("sliding_window_attention", "sliding_window", None,
              "sliding-window varlen attention (window 256) through AITER's flash_attn_varlen_func (CK), AITER's own "
              "path; vLLM serves no sliding-window model with ROCM_AITER_FA on gfx90a (its guard)"),
-)
+) + tuple(
+    # AITER's Triton bf16 GEMM with the gfx90a configs aiter-triton-gfx90a installs (MI200-named on 0.1.7).
+    GpuCheck(f"triton_gemm_a16w16_{size}", f"triton_gemm_a16w16_{size}", None,
+             f"AITER Triton gemm_a16w16 bf16, {shape}", triton_kernel="_gemm_a16_w16_kernel",
+             needs=("aiter/ops/triton/configs/gemm/MI200-GEMM-A16W16.json",
+                    "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json"), needs_set="aiter-triton-gfx90a")
+    for size, shape in (("small", "32 tokens, 640 x 2880"),
+                        ("large", "4096 tokens, 128 x 2880 (the stepped-down bucket)")))
 
 
 def error_figures(report: dict) -> str:
@@ -106,6 +119,14 @@ def judge_gpu_case(check: GpuCheck, report: dict, run: GpuRun) -> dict:
                                               f"needs every element within {smoke_gpu.ATOL:.2e} * max|v| + "
                                               f"{smoke_gpu.RTOL:.2e} * |ref| and every row within "
                                               f"{smoke_gpu.ROW_REL_RMS_LIMIT:.2e}){loaded}{cleanup}")
+    if check.triton_kernel is not None:
+        launched = report.get("triton_kernels") or []
+        if check.triton_kernel not in launched:
+            return result(check.name, GPU, FAILED,
+                          f"{check.what} is correct ({figures}) but Triton launched no {check.triton_kernel} "
+                          f"(launched: {', '.join(launched) or 'nothing'}), so a fallback computed it{cleanup}")
+        return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}); Triton launched "
+                                               f"{check.triton_kernel}{cleanup}")
     if check.proof is None:
         return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}){loaded}{cleanup}")
     proof = proven_loads(loads, run.tree, check.proof)
@@ -141,12 +162,22 @@ def gpu_checks(host_arch: str | None, run: GpuRun | None,
     if reason:
         return [result(check.name, GPU, FAILED, f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}")
                 for check in GPU_CHECKS], probe_report.get("device")
-    warmup = gpu_child(["warmup", *(check.case for check in GPU_CHECKS)], run, run.limits.warmup)
-    if warmup.get("timed_out"):
-        return [result(check.name, GPU, FAILED, f"{check.what}: the warm-up (AITER's JIT builds and first loads) "
-                                                f"{warmup['error']}") for check in GPU_CHECKS], probe_report["device"]
-    return [judge_gpu_case(check, gpu_child(["run", check.case], run, run.limits.case), run)
-            for check in GPU_CHECKS], probe_report["device"]
+    unprovisioned = {check.name: f"skipped: {check.what} needs the gfx90a configs the optional {check.needs_set} set "
+                                 f"installs ({' or '.join(check.needs)}); it is not applied on this host"
+                     for check in GPU_CHECKS
+                     if check.needs and not any((run.site_packages / path).is_file() for path in check.needs)}
+    applicable = [check for check in GPU_CHECKS if check.name not in unprovisioned]
+    warmup = gpu_child(["warmup", *(check.case for check in applicable)], run, run.limits.warmup)
+    checks = []
+    for check in GPU_CHECKS:
+        if check.name in unprovisioned:
+            checks.append(result(check.name, GPU, SKIPPED, unprovisioned[check.name]))
+        elif warmup.get("timed_out"):
+            checks.append(result(check.name, GPU, FAILED, f"{check.what}: the warm-up (AITER's JIT builds and first "
+                                                          f"loads) {warmup['error']}"))
+        else:
+            checks.append(judge_gpu_case(check, gpu_child(["run", check.case], run, run.limits.case), run))
+    return checks, probe_report["device"]
 
 
 # --- the run ------------------------------------------------------------------------------------------------------

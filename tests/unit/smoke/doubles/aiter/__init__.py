@@ -20,7 +20,9 @@ fallback computed it), ``hang`` (in a ``smoke_gpu run`` or ``bench_gpu run`` pro
 (AITER's HIP decode kernel, the benchmarks' decode fallback) takes the same faults under
 ``paged_attention_rocm:full:1``. ``gemm_a8w8_CK`` (CK INT8 GEMM) logs AITER's JIT import line for
 ``module_gemm_a8w8`` on stderr once per process, as ``aiter/jit/core.py`` does, and takes them under
-``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line).
+``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line). The Triton GEMM ``aiter.ops.triton.gemm_a16w16`` (the
+module vLLM imports it from) announces its launch to Triton's launch-enter hook, as Triton's launcher does, and takes
+them under ``gemm_a16w16:full:<M>`` (``fallback``: no launch).
 """
 
 import json
@@ -187,3 +189,44 @@ def gemm_a8w8_CK(XQ, WQ, x_scale, w_scale, bias=None, dtype=torch.bfloat16, spli
     exact = (XQ.double() @ WQ.double().T) * x_scale.double() * w_scale.double()
     out.copy_(exact * (1.05 if fault == "five_percent" else 1.0))
     return out
+
+
+class _LaunchMetadata:
+    """What Triton's launcher hands its launch-enter hook: ``get()`` gives the launch's fields."""
+
+    def __init__(self, name):
+        self._data = {"name": name, "function": None, "stream": 0}
+
+    def get(self):
+        return self._data
+
+
+def _triton_gemm_a16w16(x, w, bias=None, dtype=torch.bfloat16, y=None, config=None, activation=None,
+                        skip_reduce=False):
+    """AITER's Triton bf16 GEMM (``aiter.ops.triton.gemm_a16w16``): fp32 accumulation, one rounding to ``dtype``,
+    written into ``y`` when given; the launch is announced to Triton's launch-enter hook as the real launcher does
+    (``fallback``: computed without it)."""
+    fault = _fault("gemm_a16w16", False, x.shape[0])
+    _hang_if_asked(fault)
+    if fault != "fallback":
+        from triton import knobs
+
+        knobs.runtime.launch_enter_hook(_LaunchMetadata("_gemm_a16_w16_kernel"))
+    out = y if y is not None else torch.empty(x.shape[0], w.shape[0], dtype=dtype)
+    out.copy_((x.float() @ w.float().T) * (1.05 if fault == "five_percent" else 1.0))
+    return out
+
+
+def _register_triton_modules():
+    """``aiter.ops.triton.gemm_a16w16`` as the module vLLM imports the Triton GEMM from."""
+    import types
+
+    package = types.ModuleType("aiter.ops.triton")
+    package.__path__ = []
+    module = types.ModuleType("aiter.ops.triton.gemm_a16w16")
+    module.gemm_a16w16 = _triton_gemm_a16w16
+    sys.modules.setdefault("aiter.ops.triton", package)
+    sys.modules.setdefault("aiter.ops.triton.gemm_a16w16", module)
+
+
+_register_triton_modules()
