@@ -26,7 +26,7 @@ from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root, code_digest
 from cdna2.schema import first_violation, load_yaml
-from cdna2.triton import recipes, toolchain
+from cdna2.triton import recipes, toolchain, worker
 
 CONFIGS = "aiter/ops/triton/configs"
 RULES_FILE = "triton-gfx90a.yaml"
@@ -139,8 +139,9 @@ def classify(configs: Path, rules: dict) -> list[FileProof]:
             proofs.append(FileProof(name, relative, None, "unproven", "no launch recipe in the rules: not compiled, "
                                                                       "so no gfx90a config is written"))
         else:
-            derived = relative.replace(f"{source}-", f"{target}-", 1) if relative.startswith(f"{source}/") is False \
-                else f"{target}/{relative.split('/', 1)[1]}"
+            nested = relative.startswith(f"{source}/")  # configs/<arch>/..., else a flat <arch>-NAME.json
+            derived = (f"{target}/{relative.split('/', 1)[1]}" if nested
+                       else relative.replace(f"{source}-", f"{target}-", 1))
             proofs.append(FileProof(name, relative, derived, "pending", op["why"]))
     return proofs
 
@@ -156,10 +157,12 @@ def _leaves(document: dict, prefix: str = ""):
 
 
 def _with_host(config: dict, rules: dict, host: str) -> dict:
-    profile = rules["hosts"][host]
-    return {key: (profile[rules["host_values"][key]] if rules["host_values"].get(key) in profile
-                  else rules["host_values"][key]) if key in rules["host_values"] else value
-            for key, value in config.items()}
+    """``config`` with each MI300X-only value replaced: by the host's property the rules name, or their literal."""
+    profile, replaced = rules["hosts"][host], dict(config)
+    for key, value in rules["host_values"].items():
+        if key in replaced:
+            replaced[key] = profile[value] if isinstance(value, str) else value
+    return replaced
 
 
 def _shape(relative: str) -> tuple[int, int] | None:
@@ -309,8 +312,6 @@ def prove(site_packages: Path, triton_version: str, host: str | None = None, pro
     host = host or rules["default_host"]
     if host not in rules["hosts"]:
         raise ProofError(f"host {host!r} is not in cdna2/data/{RULES_FILE} (hosts: {', '.join(rules['hosts'])})")
-    from cdna2.triton import worker
-
     key = hashlib.sha256("\0".join([triton_version, tree_digest(site_packages), host, rules_text(),
                                     code_digest((recipes, worker, sys.modules[__name__]))]).encode()).hexdigest()[:24]
     cached = cache_root() / "triton-proofs" / f"{key}.json"
