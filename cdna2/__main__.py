@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "cdna2.wheels",  # wheels plan
     "cdna2.hostdata",  # validate-data
     "cdna2.bench",  # bench
+    "cdna2.triton.cli",  # triton-configs
 )
 
 

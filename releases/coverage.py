@@ -100,6 +100,17 @@ def aiter_tree(git_dir: Path, ref: str, files: list[str]) -> Path:
     return _cached(f"amd-aiter-{version}-{_key(files)}", build)
 
 
+def aiter_triton_tree(git_dir: Path, ref: str) -> Path:
+    """AITER's whole Triton package (``aiter/ops/triton``) at ``ref``, as the wheel installs it: what the Triton
+    compile proof (``cdna2.triton``) reads."""
+    def build(staging: Path) -> None:
+        archive = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", ref,
+                                  "aiter/ops/triton"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(staging)], input=archive, check=True)
+
+    return _cached(f"amd-aiter-triton-{aiter_version(git_dir, ref)}", build)
+
+
 def wheel_tree(requirement: str, files: list[str]) -> Path:
     """``name==version`` from its PyPI wheel: its dist-info (real RECORD) and ``files``, no other file."""
 
@@ -367,5 +378,5 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda args: command(args.json))
 
 
-__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_tree", "discover", "failures", "release_result",
-           "release_trees", "results", "table", "to_json", "wheel_tree"]
+__all__ = ["ReleaseResult", "SourceMissing", "aiter_git", "aiter_tree", "aiter_triton_tree", "discover", "failures",
+           "release_result", "release_trees", "results", "table", "to_json", "wheel_tree"]

@@ -39,6 +39,7 @@ MHA_GATES = ("rocm_aiter_ops.is_mha_enabled()", "AiterFlashAttentionBackend.supp
 SHUFFLE_GATE = "rocm_aiter_ops.is_shuffle_kv_cache_enabled()"
 INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKernel.is_supported()",
               "rocm_aiter_w8a8_gemm op registered")
+TRITON_GEMM_GATE = "rocm_aiter_ops.is_triton_gemm_enabled()"  # the optional vllm-aiter-triton-gemm set opens it
 MI210_CUS = 104  # pa_fwd_asm runs only when num_seqs * num_heads > 2 * CUs (field-notes 7.2)
 
 
@@ -139,6 +140,13 @@ def _attention_kernels(backend: str, arch: str, shape: dict, gates: dict) -> tup
 def _linear_kernel(shape: dict, gates: dict) -> tuple[dict, list[dict]]:
     quantization = shape["quantization"]
     if quantization == "none":
+        if _is_open(gates, TRITON_GEMM_GATE):
+            return {"kernel": "AITER Triton gemm_a16w16 for the shapes vLLM routes to it, else torch (hipBLASLt)",
+                    "asm": False,
+                    "why": f"no quantization_config, and {_gate(gates, TRITON_GEMM_GATE)}: use_aiter_triton_gemm takes "
+                           "bf16/fp16 GEMMs of its listed (out, in) feature pairs (gpt-oss shapes) unless there are "
+                           "more than 2048 tokens and 512 out features, with the gfx90a configs aiter-triton-gfx90a "
+                           "installs"}, []
         return {"kernel": "unquantized GEMM (torch, hipBLASLt)", "asm": False,
                 "why": "no quantization_config: vLLM's unquantized linear method, no AITER code object"}, []
     if quantization == "int8":

@@ -8,7 +8,8 @@ reports what each gate answers. This module only judges those answers; it import
 
 Expected per release: stock gfx90a has every attention gate closed; patched gfx90a has every attention gate open,
 every FP8/FP4 gate closed, the CK int8 GEMM gates open exactly when vllm-ck-int8-gemm was applied, the software FP8
-decode gate open exactly when vllm-fast-fp8-dequant was applied, and every other gate as stock; on gfx942 every gate
+decode gate open exactly when vllm-fast-fp8-dequant was applied, AITER's Triton GEMM gate open exactly when
+vllm-aiter-triton-gemm was applied, and every other gate as stock; on gfx942 every gate
 answers the same before and after (a gate the patch adds must stay closed there). A linear kernel that none of
 vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it.
 
@@ -46,7 +47,7 @@ MODELS = RUNNER.parent / "models"  # HF config.json files of the model shapes th
 AITER_FA = "ROCM_AITER_FA"
 GUARD_REASON = "is served wrong by ROCM_AITER_FA on gfx90a"  # in vllm-attention-gate's sliding-window-guard site
 PREFER, STOCK_ORDER, EXPLICIT = "prefer", "stock order", "explicit ROCM_AITER_FA"  # vllm_gates/runner.py ORDERS
-CK_INT8_SET, FAST_FP8_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant"
+CK_INT8_SET, FAST_FP8_SET, TRITON_GEMM_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant", "vllm-aiter-triton-gemm"
 # Every AITER feature switched on, so a closed gate is closed by the arch, never by an operator's default.
 ENVIRONMENT = {name: "1" for name in (
     "VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_LINEAR", "VLLM_ROCM_USE_AITER_MOE", "VLLM_ROCM_USE_AITER_MLA",
@@ -56,8 +57,9 @@ ENVIRONMENT = {name: "1" for name in (
     "VLLM_ROCM_USE_AITER_TRITON_GEMM", "VLLM_ROCM_USE_AITER_RMSNORM", "VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT",
     "VLLM_PREFER_AITER_FA")}
 
-ATTENTION, FP8_FP4, FP8_SOFTWARE, INT8, OTHER = "attention", "FP8/FP4", "FP8 software decode", "int8 GEMM", "other"
-KINDS = (ATTENTION, FP8_FP4, FP8_SOFTWARE, INT8, OTHER)
+ATTENTION, FP8_FP4, FP8_SOFTWARE, INT8, TRITON, OTHER = ("attention", "FP8/FP4", "FP8 software decode", "int8 GEMM",
+                                                         "AITER Triton op", "other")
+KINDS = (ATTENTION, FP8_FP4, FP8_SOFTWARE, INT8, TRITON, OTHER)
 ATTENTION_GATES = ("rocm_aiter_ops.is_mha_enabled()", "rocm_aiter_ops.is_shuffle_kv_cache_enabled()",
                    "AiterFlashAttentionBackend.supports_compute_capability()",
                    "_get_backend_priorities() has ROCM_AITER_FA")
@@ -66,6 +68,8 @@ INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKern
 # vllm-fast-fp8-dequant's own gate: block-FP8 GEMMs already run on gfx90a in Triton, decoding FP8 in software; the
 # set routes them to a faster decode (field-notes 4.5). No FP8 hardware path is opened.
 FP8_SOFTWARE_GATES = ("_gfx90a_fast_fp8_eligible() (e4m3fn, fp32 scales, 128x128 blocks)",)
+# vllm-aiter-triton-gemm's: AITER Triton ops whose gfx90a configs were proven by compiling them (cdna2.triton).
+TRITON_GATES = ("rocm_aiter_ops.is_triton_gemm_enabled()",)
 # The master gate admits every AITER op, AITER's FP8 GEMMs among them (field-notes 7.4).
 FP8_FP4_PATTERN = re.compile(r"fp8|fp4|is_aiter_found_and_supported", re.IGNORECASE)
 
@@ -79,6 +83,8 @@ def category(gate: str) -> str:
         return INT8
     if gate in FP8_SOFTWARE_GATES:
         return FP8_SOFTWARE
+    if gate in TRITON_GATES:
+        return TRITON
     if FP8_FP4_PATTERN.search(gate):
         return FP8_FP4
     return OTHER
@@ -173,7 +179,8 @@ def judge(release: ReleaseGates) -> list[str]:
                 failures.append(f"{arch} {tree}: the runner failed: {outcome.get('error')}")
             elif outcome["result"]["detected"]["gcn_arch"] != arch:
                 failures.append(f"{arch} {tree}: vLLM detected {outcome['result']['detected']['gcn_arch']}")
-    applied = {INT8: CK_INT8_SET in release.applied_sets, FP8_SOFTWARE: FAST_FP8_SET in release.applied_sets}
+    applied = {INT8: CK_INT8_SET in release.applied_sets, FP8_SOFTWARE: FAST_FP8_SET in release.applied_sets,
+               TRITON: TRITON_GEMM_SET in release.applied_sets}
     for gate in release.gate_names():
         kind = category(gate)
         cells = {(arch, tree): _cell(release.answer(gate, arch, tree)) for arch, tree in COLUMNS}

@@ -13,7 +13,8 @@ no JIT output built before its inputs were patched survives, no module compiled 
 the gfx90a tree, no JIT lock is orphaned, ``import aiter`` works where torch is a ROCm build (and must, on a
 gfx90a host). GPU checks run ``cdna2.host.smoke_gpu`` in child processes on a host the probe saw as gfx90a
 (``--host-arch``): a GPU that cannot be used there fails them, with the reason; they are "skipped" only on a host
-with no GPU or another arch, or with ``--no-gpu-checks``, never "passed".
+with no GPU or another arch, or with ``--no-gpu-checks``, never "passed" (and the Triton GEMM checks where the
+optional aiter-triton-gfx90a set that installs its gfx90a configs is not applied).
 
 With ``--families`` (the deploy passes cdna2/data/kernel-families.yaml), each installed kernel family gets a verdict
 (cdna2/host/families.py): proven when its GPU checks passed; withheld when one failed or none proves it, where the GPU
@@ -51,12 +52,17 @@ DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITE
 @dataclass(frozen=True)
 class GpuCheck:
     """A GPU check: the smoke_gpu case it runs and what a load line's code object, relative to the provisioned
-    hsa/gfx90a, must match (a regular expression; None: no proof)."""
+    hsa/gfx90a, must match (a regular expression; None: no proof), or the Triton kernel it must have launched.
+    ``needs`` lists files (under site-packages) of which one must exist for the check to apply: the configs the
+    optional patch set ``needs_set`` installs; without them the check is skipped, naming the set."""
 
     name: str
     case: str
     proof: str | None
     what: str
+    triton_kernel: str | None = None
+    needs: tuple[str, ...] = ()
+    needs_set: str = ""
 
 
 GPU_ARCH = "gfx90a"
@@ -86,7 +92,14 @@ GPU_CHECKS = (
     GpuCheck("sliding_window_attention", "sliding_window", None,
              "sliding-window varlen attention (window 256) through AITER's flash_attn_varlen_func (CK), AITER's own "
              "path; vLLM serves no sliding-window model with ROCM_AITER_FA on gfx90a (its guard)"),
-)
+) + tuple(
+    # AITER's Triton bf16 GEMM with the gfx90a configs aiter-triton-gfx90a installs (MI200-named on 0.1.7).
+    GpuCheck(f"triton_gemm_a16w16_{size}", f"triton_gemm_a16w16_{size}", None,
+             f"AITER Triton gemm_a16w16 bf16, {shape}", triton_kernel="_gemm_a16_w16_kernel",
+             needs=("aiter/ops/triton/configs/gemm/MI200-GEMM-A16W16.json",
+                    "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json"), needs_set="aiter-triton-gfx90a")
+    for size, shape in (("small", "32 tokens, 640 x 2880"),
+                        ("large", "4096 tokens, 128 x 2880 (the stepped-down bucket)")))
 
 
 def error_figures(report: dict) -> str:
@@ -123,6 +136,14 @@ def judge_gpu_case(check: GpuCheck, report: dict, run: GpuRun) -> dict:
                                               f"needs every element within {bounds['atol']:.2e} * max|v| + "
                                               f"{bounds['rtol']:.2e} * |ref| and every row within "
                                               f"{bounds['row_limit']:.2e}){loaded}{cleanup}")
+    if check.triton_kernel is not None:
+        launched = report.get("triton_kernels") or []
+        if check.triton_kernel not in launched:
+            return result(check.name, GPU, FAILED,
+                          f"{check.what} is correct ({figures}) but Triton launched no {check.triton_kernel} "
+                          f"(launched: {', '.join(launched) or 'nothing'}), so a fallback computed it{cleanup}")
+        return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}); Triton launched "
+                                               f"{check.triton_kernel}{cleanup}")
     if check.proof is None:
         return result(check.name, GPU, PASSED, f"{check.what} matches the reference ({figures}){loaded}{cleanup}")
     proof = proven_loads(loads, run.tree, check.proof)
@@ -163,6 +184,11 @@ def gpu_checks(host_arch: str | None, run: GpuRun | None, no_gpu_reason: str | N
     if reason:
         why = f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}"
         return [result(check.name, GPU, FAILED, why) for check in GPU_CHECKS], probe_report.get("device"), why
+    unprovisioned = {check.name: f"{check.what} needs the gfx90a configs the optional {check.needs_set} set "
+                                 f"installs ({' or '.join(check.needs)}); it is not applied on this host"
+                     for check in checks
+                     if check.needs and not any((run.site_packages / path).is_file() for path in check.needs)}
+    checks = [check for check in checks if check.name not in unprovisioned]
     warmup = gpu_child(["warmup", *(check.case for check in checks)], run, run.limits.warmup)
     if warmup.get("timed_out"):
         why = f"the warm-up (AITER's JIT builds and first loads) {warmup['error']}"
@@ -170,7 +196,8 @@ def gpu_checks(host_arch: str | None, run: GpuRun | None, no_gpu_reason: str | N
             probe_report["device"], why
     ran = {check.name: judge_gpu_case(check, gpu_child(["run", check.case], run, run.limits.case), run)
            for check in checks}
-    return [ran.get(check.name) or result(check.name, GPU, SKIPPED, f"skipped: {withheld[check.name]}")
+    not_run = {**withheld, **unprovisioned}
+    return [ran.get(check.name) or result(check.name, GPU, SKIPPED, f"skipped: {not_run[check.name]}")
             for check in GPU_CHECKS], probe_report["device"], None
 
 

@@ -1,4 +1,4 @@
-"""The GPU half of the smoke test: runs AITER's ASM kernels against a torch reference, one case per process.
+"""The GPU half of the smoke test: runs AITER's ASM kernels and Triton GEMM against torch references, one case each.
 
 Started by ``cdna2.host.smoke`` as a child (``python -I -c <bootstrap> device|warmup|run CASE``), never imported
 by it for torch: torch and aiter are imported here, inside functions, and only in this child, so a host without
@@ -566,6 +566,54 @@ def layernorm2d_with_add_asm() -> dict:
             "elapsed_ms": _timed(lambda: call(_nan(torch, (rows, width)), _nan(torch, (rows, width))), torch)}
 
 
+# The module vLLM's rocm_unquantized_gemm imports AITER's Triton bf16 GEMM from (use_aiter_triton_gemm).
+TRITON_GEMM_MODULE = "aiter.ops.triton.gemm_a16w16"
+
+
+@contextmanager
+def triton_launches() -> Iterator[list[str]]:
+    """The names of the Triton kernels launched inside the block, from Triton's launch-enter hook: a result computed
+    by anything but a Triton kernel (a torch fallback) launches none."""
+    knobs = importlib.import_module("triton.knobs")
+    launched: list[str] = []
+
+    def record(metadata) -> None:
+        launched.append(str(metadata.get()["name"]))
+
+    knobs.runtime.launch_enter_hook.add(record)
+    try:
+        yield launched
+    finally:
+        knobs.runtime.launch_enter_hook.remove(record)
+
+
+def triton_gemm_a16w16(tokens: int, out_features: int, in_features: int) -> Callable[[], dict]:
+    """y = x w^T through AITER's Triton ``gemm_a16w16`` (bf16), as vLLM calls it for the shapes it routes there.
+
+    The token count picks the config bucket AITER looks up in the gfx90a config aiter-triton-gfx90a installs. The
+    error allowed is the smoke rule's with the reference's RMS as the scale: fp32 accumulation over a few thousand
+    products errs far below U * rms(ref), the output's rounding to bf16 is within RTOL * |ref|.
+    """
+    def call(gemm, torch, x, w, out):
+        return gemm(x, w, bias=None, dtype=torch.bfloat16, y=out)
+
+    def run() -> dict:
+        torch = importlib.import_module("torch")
+        gemm = importlib.import_module(TRITON_GEMM_MODULE).gemm_a16w16
+        generator = torch.Generator().manual_seed(SEED)
+        x = _uniform(torch, (tokens, in_features), generator)
+        w = _uniform(torch, (out_features, in_features), generator)
+        prefilled_out = _nan(torch, (tokens, out_features))
+        with triton_launches() as launched:
+            out = call(gemm, torch, x, w, prefilled_out)
+            _synchronize(torch)
+        reference = x.float() @ w.float().T
+        figures = compare(reference, out, float((reference ** 2).mean().sqrt()))
+        return {**figures, "prefilled": _same_memory(out, prefilled_out), "triton_kernels": sorted(set(launched)),
+                "elapsed_ms": _timed(lambda: call(gemm, torch, x, w, _nan(torch, (tokens, out_features))), torch)}
+    return run
+
+
 # Case name -> the function computing it. cdna2.host.smoke names the checks and judges the results.
 CASES: dict[str, Callable[[], dict]] = {
     "fmha_v3_fwd_noncausal": fmha_v3_fwd(causal=False, batch=2, seqlen=512),
@@ -579,6 +627,10 @@ CASES: dict[str, Callable[[], dict]] = {
     "fmoe_g1u0_fp16": fmoe_g1u0_fp16,
     "bf16gemm_asm": bf16gemm_asm,
     "layernorm2d_with_add_asm": layernorm2d_with_add_asm,
+    # vLLM routes (out, in) = (640, 2880) and (128, 2880) to it; K = 2880 is no multiple of BLOCK_SIZE_K (EVEN_K
+    # false); 4096 tokens read the "any" bucket, the one stepped down for gfx90a
+    "triton_gemm_a16w16_small": triton_gemm_a16w16(32, 640, 2880),
+    "triton_gemm_a16w16_large": triton_gemm_a16w16(4096, 128, 2880),
 }
 
 

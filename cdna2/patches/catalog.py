@@ -40,6 +40,14 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class Add:
+    """A file the package does not ship that a variant writes, with its bytes (read from cdna2/data at load)."""
+    file: str
+    data: bytes
+    why: str
+
+
+@dataclass(frozen=True)
 class Variant:
     id: str
     versions: tuple[str, ...]
@@ -49,9 +57,11 @@ class Variant:
     absent: tuple[Condition, ...] = ()
     refusal: str = ""
     leaves: tuple[tuple[str, str], ...] = ()  # (site id of another variant, why it is left as it is)
+    adds: tuple[Add, ...] = ()
 
     def files(self) -> list[str]:
-        return sorted({site.file for site in self.sites} | {c.file for c in self.present + self.absent})
+        return sorted({site.file for site in self.sites} | {c.file for c in self.present + self.absent}
+                      | {add.file for add in self.adds})
 
 
 @dataclass(frozen=True)
@@ -128,6 +138,16 @@ def _conditions(raw_variant: dict, key: str) -> tuple[Condition, ...]:
     return tuple(Condition(file=raw["file"], code=raw["code"]) for raw in raw_variant.get(key, ()))
 
 
+def _adds(raw_variant: dict, where: str) -> tuple[Add, ...]:
+    adds = []
+    for index, raw in enumerate(raw_variant.get("adds", ())):
+        path = PACKAGE_DIR / "data" / raw["source"]
+        if not path.is_file():
+            raise PatchDataError(f"{where}.adds[{index}].source: cdna2/data/{raw['source']} does not exist")
+        adds.append(Add(file=raw["file"], data=path.read_bytes(), why=raw["why"]))
+    return tuple(adds)
+
+
 def _patch_set(document: dict, source: Path) -> PatchSet:
     variant_ids: set[str] = set()
     variants = []
@@ -143,8 +163,8 @@ def _patch_set(document: dict, source: Path) -> PatchSet:
             site_ids.add(raw_site["id"])
             _check_site_text(raw_site, f"{where}.sites[{s_index}]")
         refusal = raw_variant.get("refusal", "")
-        if bool(refusal) == bool(raw_variant["sites"]):
-            raise PatchDataError(f"{where}: a variant has either sites or a refusal (with present/absent conditions "
+        if bool(refusal) == bool(raw_variant["sites"] or raw_variant.get("adds")):
+            raise PatchDataError(f"{where}: a variant has either sites (or adds) or a refusal (with present/absent conditions "
                                  f"saying where the feature is gone), not both and not neither")
         if refusal and not (raw_variant.get("present") or raw_variant.get("absent")):
             raise PatchDataError(f"{where}.refusal: needs present or absent conditions saying where it applies")
@@ -152,7 +172,7 @@ def _patch_set(document: dict, source: Path) -> PatchSet:
                                 derived_from=raw_variant["derived_from"],
                                 sites=tuple(_site(raw) for raw in raw_variant["sites"]),
                                 present=_conditions(raw_variant, "present"), absent=_conditions(raw_variant, "absent"),
-                                refusal=refusal,
+                                refusal=refusal, adds=_adds(raw_variant, where),
                                 leaves=tuple((raw["site"], raw["why"]) for raw in raw_variant.get("leaves", ()))))
     return PatchSet(name=document["name"], package=document["package"], role=document["role"],
                     summary=document["summary"], requires=tuple(document.get("requires", ())),
@@ -198,5 +218,7 @@ def load_catalog(directory: Path | None = None) -> Catalog:
         if violation:
             raise PatchDataError(f"{source}: {violation}")
         sets.append(_patch_set(document, source))
+        for add in (add for variant in sets[-1].variants for add in variant.adds):
+            digest.update(b"\0" + add.file.encode("utf-8") + b"\0" + add.data)
     _check_references(sets)
     return Catalog(sets=tuple(sets), digest=digest.hexdigest())

@@ -53,7 +53,7 @@ class SiteState:
 @dataclass(frozen=True)
 class FileChange:
     path: str
-    old_sha256: str
+    old_sha256: str | None  # None: a file the plan adds
     new_bytes: bytes
     new_sha256: str
     diff: str
@@ -196,6 +196,13 @@ def _unaccounted_gates(patch_set: PatchSet, variant: Variant, texts: dict[str, s
     return left
 
 
+def _add_problems(variant: Variant, texts: dict[str, str | None]) -> list[str]:
+    """Files the variant adds that exist holding something else: not ours to overwrite."""
+    return [f"{add.file}: exists and is not the file this set adds (sha256 "
+            f"{sha256_hex(texts[add.file].encode('utf-8'))}): remove it, or leave the set disabled"
+            for add in variant.adds if texts[add.file] is not None and texts[add.file].encode("utf-8") != add.data]
+
+
 def _candidates(patch_set: PatchSet, texts: dict[str, str | None], version: str,
                 package: str) -> list[tuple[Variant, list[SiteState]]]:
     """The variants whose sites all match, whose conditions hold and that leave no gate of the set unpatched."""
@@ -204,7 +211,8 @@ def _candidates(patch_set: PatchSet, texts: dict[str, str | None], version: str,
         states = _variant_states(patch_set, variant, texts)
         problems = [state.describe() for state in states if state.state not in (PRISTINE, PATCHED)]
         if not problems:
-            problems = _condition_failures(variant, texts) + _unaccounted_gates(patch_set, variant, texts)
+            problems = (_condition_failures(variant, texts) + _unaccounted_gates(patch_set, variant, texts)
+                        + _add_problems(variant, texts))
         evaluated.append((variant, states, problems))
     matching_variants = [(variant, states) for variant, states, problems in evaluated if not problems]
     if matching_variants:
@@ -333,6 +341,10 @@ def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: 
         for site, state in zip(variant.sites, states):
             by_file.setdefault(site.file, []).append((site, state))
     changes, invalidations = [], set()
+    for add in sorted((add for _, variant, _ in chosen for add in variant.adds), key=lambda add: add.file):
+        if texts[add.file] is None:
+            changes.append(FileChange(add.file, None, add.data, sha256_hex(add.data),
+                                      _unified_diff(add.file, "", add.data.decode("utf-8"))))
     for path in sorted(by_file):
         text = texts[path]
         if text is None:  # unreachable: a chosen variant matched every site, so each of its files is present
@@ -344,7 +356,7 @@ def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: 
             changes.append(FileChange(path, sha256_hex(old_bytes), new_bytes, sha256_hex(new_bytes),
                                       _unified_diff(path, text, new_text)))
             invalidations.update(pattern for site, _ in by_file[path] for pattern in site.invalidates)
-    return changes, sorted(invalidations)
+    return sorted(changes, key=lambda change: change.path), sorted(invalidations)
 
 
 def plan_package(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],

@@ -10,8 +10,8 @@ import yaml
 from cdna2.patches import PatchDataError, load_catalog
 from cdna2.patches.catalog import DEFAULT_PATCHSET_DIR
 
-OPTIONAL = ["aiter-ck-int8-gemm", "aiter-skip-fp8-tune-instances", "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant",
-            "vllm-prefer-aiter-fa"]
+OPTIONAL = ["aiter-ck-int8-gemm", "aiter-skip-fp8-tune-instances", "aiter-triton-gfx90a", "vllm-aiter-triton-gemm",
+            "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant", "vllm-prefer-aiter-fa"]
 
 
 def test_shipped_catalog_names_and_roles(catalog):

@@ -110,6 +110,16 @@ def test_int8_linear_layers_reach_ck_only_with_every_int8_gate_open():
     assert "vllm-ck-int8-gemm" in result["linear"]["why"]
 
 
+def test_unquantized_linear_layers_name_the_aiter_triton_gemm_only_with_its_gate_open():
+    outcome = _outcome({"full": 32}, "ROCM_AITER_FA", {"backend": "ROCM_AITER_FA"})
+    result = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)
+    assert result["linear"]["kernel"] == "unquantized GEMM (torch, hipBLASLt)"
+    outcome["result"]["gates"][explain.TRITON_GEMM_GATE] = _gate(True)
+    result = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)
+    assert result["linear"]["kernel"].startswith("AITER Triton gemm_a16w16")
+    assert "aiter-triton-gfx90a" in result["linear"]["why"]
+
+
 def _report(tmp_path: Path, **row) -> Path:
     host = {"host": "mi210-a", "arch": "gfx90a", "packages": {"vllm": "0.23.0"},
             "details": {"patches vllm": {"status": "patched", "sets": ["vllm-attention-gate"]}}, **row}

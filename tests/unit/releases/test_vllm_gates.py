@@ -69,6 +69,8 @@ def test_table_names_every_release_with_a_verdict(evaluated):
     for version in RELEASES:
         assert f"\nvLLM {version}: " in table
         assert f"| {version} | rocm_aiter_ops.is_mha_enabled() | attention |" in table
+        # vllm-aiter-triton-gemm: closed on stock gfx90a, open once patched, open on gfx942 either way
+        assert f"| {version} | {TRITON_GEMM} | AITER Triton op | closed | open | open | open |" in table
 
 
 # ------------------------------------------------------------------------------------------- the judge alone
@@ -83,6 +85,7 @@ def _answers(values: dict[tuple[str, str], dict[str, bool]]) -> dict:
     return answers
 
 
+TRITON_GEMM = "rocm_aiter_ops.is_triton_gemm_enabled()"
 MHA, FP8, LINEAR, MOE = ("rocm_aiter_ops.is_mha_enabled()", "TorchFP8ScaledMMLinearKernel.is_supported()",
                          "rocm_aiter_ops.is_linear_enabled()", "rocm_aiter_ops.is_fused_moe_enabled()")
 GOOD = {("stock", "gfx90a"): {MHA: False, FP8: True, LINEAR: False, MOE: False},
@@ -126,6 +129,13 @@ def test_int8_gemm_gate_opens_only_with_the_ck_set():
         [f"{LINEAR} (int8 GEMM) is closed on patched gfx90a; expected open"]
 
 
+def test_triton_gemm_gate_opens_only_with_the_triton_set():
+    values = {key: {**per_gate, TRITON_GEMM: key[1] == "gfx942" or key == ("patched", "gfx90a")}
+              for key, per_gate in GOOD.items()}
+    assert _judged(values, applied=("vllm-attention-gate", gates.TRITON_GEMM_SET)) == []
+    assert _judged(values) == [f"{TRITON_GEMM} (AITER Triton op) is open on patched gfx90a; expected closed (as stock)"]
+
+
 def test_a_gate_error_on_gfx90a_is_a_failure_but_the_same_error_on_gfx942_is_not():
     release = gates.ReleaseGates("9.9.9", "apply", answers=_answers(GOOD))
     for tree in ("stock", "patched"):
@@ -155,6 +165,7 @@ def test_categories():
     assert gates.category("rocm_aiter_ops.is_shuffle_kv_cache_enabled()") == gates.ATTENTION
     assert gates.category("AiterInt8ScaledMMLinearKernel.is_supported()") == gates.INT8
     assert gates.category("rocm_aiter_ops.is_mla_enabled()") == gates.OTHER
+    assert gates.category(TRITON_GEMM) == gates.TRITON
 
 
 # ------------------------------------------------------------------- backend selection: the sliding-window guard

@@ -143,6 +143,18 @@ def test_errors_fail_and_the_sliding_window_guard_needs_no_load_line() -> None:
     assert smoke.judge_gpu_case(WINDOW, child_report(worst_row=0.3), make_run())["status"] == "wrong"
 
 
+def test_a_triton_case_passes_only_when_triton_launched_its_kernel() -> None:
+    gemm = next(check for check in smoke.GPU_CHECKS if check.case == "triton_gemm_a16w16_small")
+    launched = smoke.judge_gpu_case(gemm, child_report(triton_kernels=["_gemm_a16_w16_kernel"]), make_run())
+    assert launched["status"] == "passed" and "Triton launched _gemm_a16_w16_kernel" in launched["detail"]
+    for kernels in ([], ["_some_other_kernel"]):
+        fallback = smoke.judge_gpu_case(gemm, child_report(triton_kernels=kernels), make_run())
+        assert fallback["status"] == "failed" and "so a fallback computed it" in fallback["detail"], fallback
+    wrong = smoke.judge_gpu_case(gemm, child_report(worst_row=0.3, triton_kernels=["_gemm_a16_w16_kernel"]),
+                                 make_run())
+    assert wrong["status"] == "wrong"
+
+
 def test_without_a_gpu_every_gpu_check_is_skipped_never_passed(tmp_path: Path) -> None:
     for arch, why in ((None, "the host probe found no GPU"), ("gfx942", "the host probe saw gfx942")):
         checks, device, _ = smoke.gpu_checks(arch, make_run(tmp_path))

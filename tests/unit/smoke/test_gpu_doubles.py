@@ -51,6 +51,10 @@ class Lab:
         self.python = make_target_python(root / "venv", [
             self.host.site, wheelhouse.installed_tree(wheelhouse.TORCH_CPU, with_deps=True),
             wheelhouse.installed_tree(wheelhouse.TRITON_PINNED), DOUBLES / "device"])
+        # the config aiter-triton-gfx90a installs: the Triton GEMM checks apply only where it is
+        config = self.host.site / "aiter" / "ops" / "triton" / "configs" / "gemm" / "MI200-GEMM-A16W16.json"
+        config.parent.mkdir(parents=True)
+        config.write_text('{"any": {}}\n')
         self.agent = make_agent(root / "agent")
         self.home = root / "home"
         self.home.mkdir()
@@ -94,6 +98,8 @@ FAULTS = {"flash_attn_func:causal:512": "zero_rows",  # rows 256-511 of one head
           "flash_attn_func:full:512": "five_percent",  # every output 5% off, not causal
           "flash_attn_varlen_func:causal:383": "five_percent",  # and causal
           "pa_fwd_asm:full:1": "fallback",  # correct, computed without loading a code object
+          "gemm_a16w16:full:32": "fallback",  # correct, computed without a Triton launch
+          "gemm_a16w16:full:4096": "five_percent",
           "flash_attn_varlen_func:causal:1000": "hang"}  # the sliding-window case holds a JIT lock and hangs
 HANG_LIMIT = 45  # seconds: a case that does not hang finishes well within it, even on a loaded machine
 
@@ -115,6 +121,7 @@ def test_correct_output_from_the_asm_kernels_passes_every_gpu_check(correct_run)
     assert report["device"]["arch"].startswith("gfx90a") and report["host_arch"] == "gfx90a"
     assert "hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16_causal_rtna_group.co" in \
         checks["fmha_v3_fwd_varlen_group"]["detail"]
+    assert "Triton launched _gemm_a16_w16_kernel" in checks["triton_gemm_a16w16_large"]["detail"]
     for name, check in checks.items():
         worst = float(check["detail"].split("worst row ")[1].split(",")[0])
         assert worst < smoke_gpu.ROW_REL_RMS_LIMIT / 2, f"{name}: correct output needs margin: {check['detail']}"
@@ -141,6 +148,31 @@ def test_a_correct_result_without_a_load_line_is_a_fallback_and_fails(faulty_run
     check = gpu(faulty_run[1])["pa_fwd_asm_bf16_block16_gqa8"]
     assert check["status"] == "failed", check
     assert "a fallback computed it (no load line at all)" in check["detail"], check
+
+
+def test_a_triton_gemm_without_a_triton_launch_is_a_fallback_and_fails(faulty_run) -> None:
+    checks = gpu(faulty_run[1])
+    fallback, wrong = checks["triton_gemm_a16w16_small"], checks["triton_gemm_a16w16_large"]
+    assert fallback["status"] == "failed", fallback
+    assert "Triton launched no _gemm_a16_w16_kernel (launched: nothing), so a fallback computed it" in \
+        fallback["detail"], fallback
+    assert wrong["status"] == "wrong" and wrong["detail"].startswith("WRONG:"), wrong
+
+
+def test_without_the_triton_configs_the_triton_gemm_checks_are_skipped_by_name(lab: Lab) -> None:
+    config = lab.host.site / "aiter" / "ops" / "triton" / "configs" / "gemm" / "MI200-GEMM-A16W16.json"
+    saved = config.read_bytes()
+    config.unlink()
+    try:
+        code, report = lab.smoke()
+    finally:
+        config.write_bytes(saved)
+    assert code == 0, json.dumps(report, indent=1)
+    checks = gpu(report)
+    for name in ("triton_gemm_a16w16_small", "triton_gemm_a16w16_large"):
+        assert checks[name]["status"] == "skipped", checks[name]
+        assert "the optional aiter-triton-gfx90a set" in checks[name]["detail"], checks[name]
+    assert checks["fmha_v3_fwd_bf16_hd128"]["status"] == "passed"
 
 
 def test_a_hung_case_is_killed_with_its_grandchildren_and_leaves_no_lock(lab: Lab, faulty_run) -> None:

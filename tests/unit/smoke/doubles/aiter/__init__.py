@@ -23,7 +23,9 @@ fallback computed it), ``hang`` (in a ``smoke_gpu run`` or ``bench_gpu run`` pro
 ``gemm_a8w8_CK:full:<M>`` (``fallback``: no import line). The other families' entries (``topk_softmax_asm``,
 ``gemm_a16w16_asm``, ``layernorm2d_with_add_asm``, ``aiter.mla.mla_decode_fwd``, ``aiter.fused_moe_bf16_asm.asm_moe``)
 compute their torch semantics, print their load lines and take ``five_percent``, ``zero_rows``, ``fallback`` and
-the process faults under ``<entry>:full:<size>`` (their docstrings say which size).
+the process faults under ``<entry>:full:<size>`` (their docstrings say which size). The Triton GEMM
+``aiter.ops.triton.gemm_a16w16`` (the module vLLM imports it from) announces its launch to Triton's launch-enter
+hook, as Triton's launcher does, and takes them under ``gemm_a16w16:full:<M>`` (``fallback``: no launch).
 """
 
 import json
@@ -291,3 +293,33 @@ def _submodule(name, **attributes):
 mla = _submodule("mla", mla_decode_fwd=_mla_decode_fwd)
 fused_moe_bf16_asm = _submodule("fused_moe_bf16_asm", asm_moe=_asm_moe)
 ops = _submodule("ops", shuffle=_submodule("ops.shuffle", shuffle_weight=shuffle_weight))
+
+
+class _LaunchMetadata:
+    """What Triton's launcher hands its launch-enter hook: ``get()`` gives the launch's fields."""
+
+    def __init__(self, name):
+        self._data = {"name": name, "function": None, "stream": 0}
+
+    def get(self):
+        return self._data
+
+
+def _triton_gemm_a16w16(x, w, bias=None, dtype=torch.bfloat16, y=None, config=None, activation=None,
+                        skip_reduce=False):
+    """AITER's Triton bf16 GEMM (``aiter.ops.triton.gemm_a16w16``): fp32 accumulation, one rounding to ``dtype``,
+    written into ``y`` when given; the launch is announced to Triton's launch-enter hook as the real launcher does
+    (``fallback``: computed without it)."""
+    fault = _fault("gemm_a16w16", False, x.shape[0])
+    _hang_if_asked(fault)
+    if fault != "fallback":
+        from triton import knobs
+
+        knobs.runtime.launch_enter_hook(_LaunchMetadata("_gemm_a16_w16_kernel"))
+    out = y if y is not None else torch.empty(x.shape[0], w.shape[0], dtype=dtype)
+    out.copy_((x.float() @ w.float().T) * (1.05 if fault == "five_percent" else 1.0))
+    return out
+
+
+# ``aiter.ops.triton.gemm_a16w16``: the module vLLM imports the Triton GEMM from.
+ops.triton = _submodule("ops.triton", gemm_a16w16=_submodule("ops.triton.gemm_a16w16", gemm_a16w16=_triton_gemm_a16w16))

@@ -1,0 +1,332 @@
+"""Derive AITER's gfx90a Triton configs from gfx942's and prove each by compiling it for gfx90a.
+
+For one AITER site-packages tree and one triton version: every gfx942 config file under
+``aiter/ops/triton/configs`` is refused (an op that cannot work on gfx90a: the rules' reason), left unproven (no
+launch recipe: no config is written for it), or derived: MI300X-only values replaced by the host's, then each config
+compiled, for every code path its recipe names, for gfx90a and, as the spill baseline, gfx942. A config whose gfx90a
+kernel holds more LDS than gfx90a has, or spills where gfx942's does not, is stepped down by its op's rule and
+compiled again until it does not; one that still does after the last step is named, and its file is not derived.
+The result is cached by (triton version, AITER tree digest, rules, this code) under ``$CDNA2_CACHE/triton-proofs``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from cdna2.cache import cache_lock, cache_root, code_digest
+from cdna2.schema import first_violation, load_yaml
+from cdna2.triton import recipes, toolchain, worker
+
+CONFIGS = "aiter/ops/triton/configs"
+RULES_FILE = "triton-gfx90a.yaml"
+MAX_STEPS = 6  # step-downs per config; each halves one key, so the op's list ends sooner in practice
+
+
+class ProofError(RuntimeError):
+    pass
+
+
+@cache
+def rules_text() -> str:
+    return resources.files("cdna2").joinpath("data", RULES_FILE).read_text()
+
+
+@cache
+def load_rules() -> dict:
+    document = load_yaml(rules_text())
+    schema = json.loads(resources.files("cdna2").joinpath("schemas", "triton-gfx90a-1.0.json").read_text())
+    violation = first_violation(document, schema)
+    if violation:
+        raise ProofError(f"cdna2/data/{RULES_FILE}: {violation}")
+    unknown = [op["recipe"] for op in document["ops"] if op["recipe"] not in recipes.RECIPES]
+    if unknown or document["default_host"] not in document["hosts"]:
+        raise ProofError(f"cdna2/data/{RULES_FILE}: unknown recipe {unknown} or default_host")
+    return document
+
+
+@dataclass
+class ConfigProof:
+    """One config of one file: its gfx90a compiles per code path, and the steps it was taken down."""
+    key: str
+    original: dict
+    config: dict
+    steps: list[str] = field(default_factory=list)
+    paths: dict[str, dict] = field(default_factory=dict)  # path -> gfx90a result
+    baseline: dict[str, dict] = field(default_factory=dict)  # path -> gfx942 result
+    problem: str = ""  # why it is not accepted yet (empty: accepted)
+
+    def to_json(self) -> dict:
+        results = list(self.paths.values())
+        mfma = sorted({name for result in results for name in result.get("mfma", {})})
+        return {"key": self.key, "compiled": bool(results) and all(r["ok"] for r in results),
+                "lds_bytes": max((r.get("lds_bytes", 0) for r in results), default=0),
+                "spills": max((r.get("vgpr_spills", 0) + r.get("sgpr_spills", 0) for r in results), default=0),
+                "gfx942_spills": max((r.get("vgpr_spills", 0) + r.get("sgpr_spills", 0)
+                                      for r in self.baseline.values()), default=0),
+                "scratch_bytes": max((r.get("scratch_bytes", 0) for r in results), default=0),
+                "vgprs": max((r.get("vgprs", 0) for r in results), default=0),
+                "mfma": mfma, "stepped_down": self.steps, "problem": self.problem, "original": self.original,
+                "config": self.config, "paths": self.paths, "gfx942": self.baseline}
+
+
+@dataclass
+class FileProof:
+    op: str
+    file: str  # gfx942's file, relative to the configs directory
+    target: str | None  # gfx90a's, where it is derived
+    status: str  # derived | stepped-down | refused | unproven | failed
+    reason: str
+    configs: list[ConfigProof] = field(default_factory=list)
+    derived: dict | None = None
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "file": self.file, "target": self.target, "status": self.status,
+                "reason": self.reason, "compiled": self.status in ("derived", "stepped-down"),
+                "lds_bytes": max((c.to_json()["lds_bytes"] for c in self.configs), default=None),
+                "spills": max((c.to_json()["spills"] for c in self.configs), default=None),
+                "mfma": sorted({m for c in self.configs for m in c.to_json()["mfma"]}),
+                "configs": [c.to_json() for c in self.configs], "derived": self.derived}
+
+
+def tree_digest(site_packages: Path) -> str:
+    """sha256 over AITER's Triton sources and configs (paths and bytes): what the proof depends on in the tree."""
+    digest = hashlib.sha256()
+    root = site_packages / "aiter" / "ops" / "triton"
+    if not root.is_dir():
+        raise ProofError(f"{site_packages}: no aiter/ops/triton there; pass the site-packages AITER is installed in")
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".json"):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def arch_names(configs: Path, rules: dict) -> tuple[str, str]:
+    """(gfx942's name, gfx90a's name) in this release's file names: arches, or devices (AITER <= 0.1.7)."""
+    source, target = rules["source_arch"], rules["target_arch"]
+    if any(configs.rglob(f"{source}-*.json")) or (configs / source).is_dir():
+        return source, target
+    return rules["device_names"][source], rules["device_names"][target]
+
+
+def _matches(patterns: list[str], name: str, relative: str) -> bool:
+    return any(re.fullmatch(pattern.replace("{arch}", re.escape(name)), relative) for pattern in patterns)
+
+
+def classify(configs: Path, rules: dict) -> list[FileProof]:
+    """Every gfx942 config file of the tree: refused, unproven, or to be proven (status "pending")."""
+    source, target = arch_names(configs, rules)
+    found = sorted(path.relative_to(configs).as_posix() for path in configs.rglob("*.json")
+                   if path.name.startswith(f"{source}-") or path.relative_to(configs).parts[0] == source)
+    proofs = []
+    for relative in found:
+        refusal = next((r["reason"] for r in rules["refused"] if _matches(r["files"], source, relative)), None)
+        op = next((op for op in rules["ops"] if _matches(op["files"], source, relative)), None)
+        name = op["name"] if op else Path(relative).stem.removeprefix(f"{source}-")
+        if refusal:
+            proofs.append(FileProof(name, relative, None, "refused", refusal))
+        elif op is None:
+            proofs.append(FileProof(name, relative, None, "unproven", "no launch recipe in the rules: not compiled, "
+                                                                      "so no gfx90a config is written"))
+        else:
+            nested = relative.startswith(f"{source}/")  # configs/<arch>/..., else a flat <arch>-NAME.json
+            derived = (f"{target}/{relative.split('/', 1)[1]}" if nested
+                       else relative.replace(f"{source}-", f"{target}-", 1))
+            proofs.append(FileProof(name, relative, derived, "pending", op["why"]))
+    return proofs
+
+
+def _leaves(document: dict, prefix: str = ""):
+    """(dotted key, config) for every dict of scalars in ``document``."""
+    for key, value in document.items():
+        if isinstance(value, dict):
+            if any(isinstance(inner, dict) for inner in value.values()):
+                yield from _leaves(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}", value
+
+
+def _with_host(config: dict, rules: dict, host: str) -> dict:
+    """``config`` with each MI300X-only value replaced: by the host's property the rules name, or their literal."""
+    profile, replaced = rules["hosts"][host], dict(config)
+    for key, value in rules["host_values"].items():
+        if key in replaced:
+            replaced[key] = profile[value] if isinstance(value, str) else value
+    return replaced
+
+
+def _shape(relative: str) -> tuple[int, int] | None:
+    found = re.search(r"-N=(\d+)-K=(\d+)\.json$", relative)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: str, progress,
+                kind: str = "compiles") -> dict[str, dict]:
+    if not requests:
+        return {}
+    job = {"site_packages": str(site_packages), "arch": arch, kind: requests}
+    worker = Path(__file__).with_name("worker.py")
+    with tempfile.TemporaryDirectory(prefix="cdna2-triton-") as scratch:
+        # A fresh Triton cache: the proof compiles every kernel itself; its own cache is the proof's result.
+        env = {**os.environ, "TRITON_CACHE_DIR": scratch, "PYTHONNOUSERSITE": "1"}
+        env.pop("PYTHONPATH", None)
+        process = subprocess.Popen([str(python), str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env)
+        process.stdin.write(json.dumps(job))
+        process.stdin.close()
+        errors = []
+        for line in process.stderr:
+            if line.startswith("compiled "):
+                progress(line.strip())
+            else:
+                errors.append(line)
+        output = process.stdout.read()
+        if process.wait() != 0:
+            raise ProofError(f"the compile worker ({python}) failed (exit {process.returncode}): "
+                             f"{''.join(errors)[-2000:]}")
+    return {result["id"]: result for result in json.loads(output)["results"]}
+
+
+# AITER's config lookups of the ops the aiter-triton-gfx90a set gives configs, by release layout.
+LOOKUPS = (
+    {"id": "gemm_a16w16", "function": "_get_config", "args": [4096, 4096, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.gemm_a16w16",
+                 "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16"]},
+    {"id": "mha", "function": "_get_config", "args": [True, {"dtype": "bf16"}, True],
+     "modules": ["aiter.ops.triton._triton_kernels.mha", "aiter.ops.triton._triton_kernels.attention.mha"]},
+)
+
+
+def look_up(site_packages: Path, triton_version: str, arch: str) -> dict[str, dict]:
+    """AITER's own lookups of gemm_a16w16's and MHA's configs in ``site_packages``, run as on a host of ``arch``:
+    ``{op: {"ok", "config" | "error"}}``."""
+    python = toolchain.triton_python(triton_version)
+    return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")
+
+
+def _problem(proof: ConfigProof, limit: int) -> str:
+    for path, result in proof.paths.items():
+        if not result["ok"]:
+            return f"{path}: does not compile for gfx90a: {result['error']}"
+        if result["lds_bytes"] > limit:
+            return f"{path}: {result['lds_bytes']} bytes of LDS > gfx90a's {limit}"
+        base = proof.baseline.get(path, {})
+        spills = result["vgpr_spills"] + result["sgpr_spills"]
+        if spills and base.get("ok") and not base["vgpr_spills"] + base["sgpr_spills"]:
+            return f"{path}: spills {spills} registers where gfx942's kernel spills none"
+    return ""
+
+
+def _step_down(proof: ConfigProof, op: dict) -> bool:
+    for step in op["step_down"]:
+        key, floor = step["halve"], step["floor"]
+        if isinstance(proof.config.get(key), int) and proof.config[key] // 2 >= floor:
+            proof.steps.append(f"{key} {proof.config[key]} -> {proof.config[key] // 2} ({proof.problem})")
+            proof.config = {**proof.config, key: proof.config[key] // 2}
+            return True
+    return False
+
+
+def prove_files(site_packages: Path, triton_version: str, host: str, progress=lambda line: None) -> list[FileProof]:
+    rules = load_rules()
+    configs = site_packages / CONFIGS
+    python = toolchain.triton_python(triton_version)
+    proofs = classify(configs, rules)
+    ops = {op["name"]: op for op in rules["ops"]}
+    pending: list[tuple[FileProof, ConfigProof]] = []
+    for proof in proofs:
+        if proof.status != "pending":
+            continue
+        document = json.loads((configs / proof.file).read_text())
+        sections = ops[proof.op].get("sections")
+        kept = {key: value for key, value in document.items() if sections is None or key in sections}
+        for key, config in _leaves(kept):
+            proof.configs.append(ConfigProof(key, config, _with_host(config, rules, host)))
+        proof.derived = kept
+        pending.extend((proof, config) for config in proof.configs)
+    first = True
+    for _ in range(MAX_STEPS + 1):
+        if not pending:
+            break
+        requests, owners = [], {}
+        for index, (proof, config) in enumerate(pending):
+            recipe = recipes.RECIPES[ops[proof.op]["recipe"]]
+            for path, request in recipe(config.config, config.key.rsplit(".", 1)[-1], _shape(proof.file)):
+                for arch in ["gfx90a", "gfx942"] if first else ["gfx90a"]:
+                    identifier = f"{index}|{arch}|{path}"
+                    requests.append({**request, "id": identifier, "arch": arch})
+                    owners[identifier] = (config, arch, path)
+        progress(f"compiling {len(requests)} kernels of {len(pending)} configs")
+        for identifier, result in _run_worker(python, site_packages, requests, "gfx90a", progress).items():
+            config, arch, path = owners[identifier]
+            (config.paths if arch == "gfx90a" else config.baseline)[path] = result
+        first = False
+        still = []
+        for proof, config in pending:
+            config.problem = _problem(config, rules["lds_limit_bytes"])
+            if config.problem and _step_down(config, ops[proof.op]):
+                config.paths = {}
+                still.append((proof, config))
+        pending = still
+    for proof in proofs:
+        if proof.status != "pending":
+            continue
+        failing = [config for config in proof.configs if config.problem]
+        if failing:
+            proof.status, proof.derived = "failed", None
+            proof.reason = "; ".join(f"{config.key}: {config.problem} (after {len(config.steps)} step-downs)"
+                                     for config in failing)
+            proof.target = None
+            continue
+        proof.status = "stepped-down" if any(config.steps for config in proof.configs) else "derived"
+        for config in proof.configs:
+            _replace(proof.derived, config.key.split("."), config.config)
+    return proofs
+
+
+def _replace(document: dict, keys: list[str], value: dict) -> None:
+    for key in keys[:-1]:
+        document = document[key]
+    document[keys[-1]] = value
+
+
+def derived_files(proofs: list[FileProof]) -> dict[str, bytes]:
+    """Each derived gfx90a config file, by its path under site-packages, as AITER reads it (JSON)."""
+    return {f"{CONFIGS}/{proof.target}": (json.dumps(proof.derived, indent=4) + "\n").encode()
+            for proof in proofs if proof.target and proof.derived is not None}
+
+
+def prove(site_packages: Path, triton_version: str, host: str | None = None, progress=lambda line: None) -> dict:
+    """The proof of one tree (cached): ``{"triton", "tree_digest", "host", "entries", "files", "seconds"}``."""
+    rules = load_rules()
+    host = host or rules["default_host"]
+    if host not in rules["hosts"]:
+        raise ProofError(f"host {host!r} is not in cdna2/data/{RULES_FILE} (hosts: {', '.join(rules['hosts'])})")
+    key = hashlib.sha256("\0".join([triton_version, tree_digest(site_packages), host, rules_text(),
+                                    code_digest((recipes, worker, sys.modules[__name__]))]).encode()).hexdigest()[:24]
+    cached = cache_root() / "triton-proofs" / f"{key}.json"
+    with cache_lock(f"triton-proof-{key}"):
+        if cached.exists():
+            return {**json.loads(cached.read_text()), "cached": True}
+        started = time.monotonic()
+        proofs = prove_files(site_packages, triton_version, host, progress)
+        files = derived_files(proofs)
+        result = {"triton": triton_version, "tree_digest": tree_digest(site_packages), "host": host,
+                  "entries": [proof.to_json() for proof in proofs],
+                  "files": {path: data.decode() for path, data in files.items()},
+                  "seconds": round(time.monotonic() - started, 1)}
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = cached.with_suffix(f".{os.getpid()}.tmp")
+        staging.write_text(json.dumps(result, indent=1, sort_keys=True))
+        staging.rename(cached)
+    return {**result, "cached": False}

@@ -1,0 +1,209 @@
+"""Compile AITER Triton kernels for gfx90a on a machine with no GPU; run by the controller inside an isolated venv
+holding one triton wheel (``python worker.py < job.json``). Standard library and that triton only.
+
+Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
+"tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
+the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names).
+With ``"lookups": [{"id", "modules", "function", "args"}]`` it calls AITER's own config lookups instead, as they run
+on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
+``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
+``scratch_bytes``, ``mfma`` (instruction -> count).
+
+What this stands in for, and why: Triton asks the active driver for the target, the device and the stream before it
+compiles (a stand-in answers gfx90a, device 0); the AMD backend imports ``torch`` to size pointer ranges and the
+specializer keys tensors by their dtype object (a minimal ``torch`` module whose dtypes are singletons); AITER's
+package ``__init__`` files import its C++ extensions (the packages are registered by path without running them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int8": "int8", "int32": "int32",
+          "int64": "int64", "uint8": "uint8", "int16": "int16"}
+
+
+def _minimal_torch() -> types.ModuleType:
+    torch = types.ModuleType("torch")
+
+    class dtype:  # noqa: N801 - Triton recognises torch dtypes by the class name "dtype" in module "torch"
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __str__(self) -> str:
+            return f"torch.{self.name}"
+
+        __repr__ = __str__
+
+    class Tensor:  # isinstance checks only; no value is ever a Tensor here
+        pass
+
+    dtype.__module__ = Tensor.__module__ = "torch"
+    torch.dtype, torch.Tensor = dtype, Tensor
+    for name in set(DTYPES.values()):
+        setattr(torch, name, dtype(name))
+    torch.version = types.SimpleNamespace(hip="stand-in", cuda=None)
+    return torch
+
+
+def _stand_in_driver(arch: str):
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.driver import DriverBase
+
+    class CompileOnlyDriver(DriverBase):
+        """Answers what Triton asks before compiling; nothing is ever launched."""
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return True
+
+        def get_current_target(self):
+            return GPUTarget("hip", arch, 64)
+
+        def get_active_torch_device(self):
+            raise RuntimeError("compile-only driver: no device")
+
+        def get_benchmarker(self):
+            raise RuntimeError("compile-only driver: no benchmarking")
+
+        def get_current_device(self) -> int:
+            return 0
+
+        def get_current_stream(self, device=None) -> int:
+            return 0
+
+        def map_python_to_cpp_type(self, ty):
+            return ty
+
+    return CompileOnlyDriver()
+
+
+def _register_packages(site_packages: Path, module: str) -> None:
+    """Make every package above ``module`` importable without running its ``__init__`` (AITER's loads C++)."""
+    parts = module.split(".")[:-1]
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        if name in sys.modules:
+            continue
+        package = types.ModuleType(name)
+        package.__path__ = [str(site_packages.joinpath(*parts[:depth]))]
+        sys.modules[name] = package
+
+
+_REGISTER = {"vgprs": r"\.vgpr_count:\s+(\d+)", "agprs": r"\.agpr_count:\s+(\d+)", "sgprs": r"\.sgpr_count:\s+(\d+)",
+             "vgpr_spills": r"\.vgpr_spill_count:\s+(\d+)", "sgpr_spills": r"\.sgpr_spill_count:\s+(\d+)",
+             "scratch_bytes": r"\.private_segment_fixed_size:\s+(\d+)"}
+
+
+def measure(kernel) -> dict:
+    """LDS from the metadata (Triton checks it only at load time), registers, spills, scratch and MFMA from the
+    kernel's amdgcn and its code-object metadata."""
+    asm = kernel.asm["amdgcn"]
+    found = {"lds_bytes": int(kernel.metadata.shared)}
+    for key, pattern in _REGISTER.items():
+        values = [int(value) for value in re.findall(pattern, asm)]
+        found[key] = max(values) if values else 0
+    mfma: dict[str, int] = {}
+    for instruction in re.findall(r"^\s*(v_mfma_\w+)", asm, re.MULTILINE):
+        mfma[instruction] = mfma.get(instruction, 0) + 1
+    found["mfma"] = dict(sorted(mfma.items()))
+    return found
+
+
+def _jit_function(kernel):
+    """The JITFunction under ``kernel`` and the names its decorators (``triton.heuristics``) compute."""
+    computed = set()
+    while not hasattr(kernel, "params"):
+        computed |= set(getattr(kernel, "values", {}))
+        kernel = kernel.fn
+    return kernel, computed
+
+
+def _kernel(site_packages: Path, modules: list[str], name: str):
+    for module in modules:
+        if site_packages.joinpath(*module.split(".")).with_suffix(".py").is_file():
+            _register_packages(site_packages, module)
+            return module, getattr(importlib.import_module(module), name)
+    raise LookupError(f"none of {', '.join(modules)} is in this AITER tree")
+
+
+def kernel_arguments(jit, computed: set[str], request: dict, torch) -> tuple[dict, list[str]]:
+    """Every argument of the kernel by name, and the request's values it does not take. A pointer parameter
+    (``*_ptr``, or named in ``tensors``) gets a MockTensor, a stride or other scalar the request leaves out 64; a
+    constexpr without a value or default is left out, and Triton names it."""
+    from triton.runtime.jit import MockTensor
+    from triton.backends.amd.compiler import HIPOptions
+
+    values, tensors = request["values"], request.get("tensors", {})
+    arguments = {}
+    for param in jit.params:
+        name = param.name
+        if name in computed:
+            continue
+        if name in tensors or (name.endswith("_ptr") and name not in values):
+            dtype = tensors.get(name, request["tensor_dtype"])
+            arguments[name] = MockTensor(getattr(torch, DTYPES[dtype]))
+        elif name in values:
+            arguments[name] = values[name]
+        elif not param.is_constexpr:
+            arguments[name] = 64
+    options = set(HIPOptions.__dataclass_fields__)
+    arguments.update({name: value for name, value in values.items() if name in options})
+    ignored = sorted(name for name in values if name not in arguments and name not in computed)
+    return arguments, ignored
+
+
+def compile_one(site_packages: Path, request: dict, torch) -> dict:
+    module, kernel = _kernel(site_packages, request["modules"], request["kernel"])
+    jit, computed = _jit_function(kernel)
+    arguments, ignored = kernel_arguments(jit, computed, request, torch)
+    jit.device_caches.clear()  # its binder holds the target of its first compile; this request may name another
+    compiled = kernel.warmup(grid=(1,), **arguments)
+    return {"id": request["id"], "ok": True, "kernel": f"{module}:{request['kernel']}", "ignored": ignored,
+            **measure(compiled)}
+
+
+def look_up(site_packages: Path, request: dict, torch) -> dict:
+    """Call AITER's own config lookup (``request["function"]`` of the first of ``modules`` in the tree) with the
+    arch the stand-in driver reports; ``{"dtype": "bf16"}`` arguments become torch dtypes."""
+    module, function = _kernel(site_packages, request["modules"], request["function"])
+    args = [getattr(torch, DTYPES[arg["dtype"]]) if isinstance(arg, dict) else arg for arg in request["args"]]
+    found = function(*args)
+    config = found[0] if isinstance(found, tuple) else found  # 0.1.20's GEMM lookup also says whether it was tuned
+    return {"id": request["id"], "ok": True, "function": f"{module}:{request['function']}", "config": dict(config)}
+
+
+def main() -> int:
+    job = json.load(sys.stdin)
+    site_packages = Path(job["site_packages"])
+    torch = sys.modules.setdefault("torch", _minimal_torch())
+    import triton
+    from triton.runtime import driver
+
+    sys.path.insert(0, str(site_packages))
+    results = []
+    for request in job.get("lookups", []):
+        driver.set_active(_stand_in_driver(job["arch"]))
+        try:
+            results.append(look_up(site_packages, request, torch))
+        except Exception as error:  # a lookup that fails is the answer asked for, named
+            results.append({"id": request["id"], "ok": False, "error": f"{type(error).__name__}: {error}"[:600]})
+    for request in job.get("compiles", []):
+        driver.set_active(_stand_in_driver(request.get("arch", job["arch"])))
+        try:
+            results.append(compile_one(site_packages, request, torch))
+        except Exception as error:  # one kernel's failure is that kernel's result, named, not the run's
+            message = f"{type(error).__name__}: {error}".strip().splitlines()
+            results.append({"id": request["id"], "ok": False, "error": " / ".join(message[-3:])[:600]})
+        print(f"compiled {len(results)}/{len(job['compiles'])}", file=sys.stderr, flush=True)
+    json.dump({"triton": triton.__version__, "results": results}, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

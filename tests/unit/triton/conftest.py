@@ -1,0 +1,30 @@
+"""Shared fixtures of the Triton compile proof: the real AITER trees (0.1.7 wheel, git tags) and their proofs,
+computed once per machine (cached under $CDNA2_CACHE/triton-proofs) and once per session here."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdna2.triton.cli import DEFAULT_TRITON
+from cdna2.triton.proof import prove
+from lab import wheelhouse
+from releases import coverage
+
+
+@pytest.fixture(scope="session")
+def aiter_017_tree():
+    return wheelhouse.installed_tree(wheelhouse.AITER)
+
+
+@pytest.fixture(scope="session")
+def aiter_git_dir():
+    try:
+        return coverage.aiter_git()
+    except coverage.SourceMissing as error:
+        pytest.skip(f"no AITER git history here: {error}")
+
+
+@pytest.fixture(scope="session")
+def proof_017(aiter_017_tree):
+    """The whole 0.1.7 tree's proof: minutes cold, under a second once the machine cache holds it."""
+    return prove(aiter_017_tree, DEFAULT_TRITON)

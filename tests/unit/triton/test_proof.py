@@ -1,0 +1,99 @@
+"""The Triton compile proof: gfx90a configs derived from gfx942's, each compiled for gfx90a with the real triton
+wheel in its own venv; the whole 0.1.7 tree once (cached), the other releases on the configs the set installs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cdna2.patches.catalog import PACKAGE_DIR
+from cdna2.triton import proof, recipes
+from cdna2.triton.cli import DEFAULT_TRITON, table
+from cdna2.triton.toolchain import triton_python
+from releases import coverage
+
+DATA = PACKAGE_DIR / "data" / "triton-configs"
+LIMIT = 65536
+
+
+def test_rules_load_and_every_op_names_a_recipe():
+    rules = proof.load_rules()
+    assert rules["lds_limit_bytes"] == LIMIT
+    assert {op["recipe"] for op in rules["ops"]} <= set(recipes.RECIPES)
+    assert rules["hosts"]["MI210"] == {"compute_units": 104, "xcds": 1}
+
+
+def test_classification_of_the_017_tree(aiter_017_tree):
+    configs = aiter_017_tree / proof.CONFIGS
+    assert proof.arch_names(configs, proof.load_rules()) == ("MI300X", "MI200")
+    by_file = {entry.file: entry for entry in proof.classify(configs, proof.load_rules())}
+    assert by_file["gemm/MI300X-GEMM-A16W16.json"].status == "pending"
+    assert by_file["gemm/MI300X-GEMM-A16W16.json"].target == "gemm/MI200-GEMM-A16W16.json"
+    assert by_file["MI300X-MHA-DEFAULT.json"].target == "MI200-MHA-DEFAULT.json"
+    assert by_file["moe/MI300X-MOE-FP8_W8A8.json"].status == "refused"
+    assert "FP8" in by_file["gemm/MI300X-GEMM-A8W8_BLOCKSCALE.json"].reason
+    assert by_file["MI300X-GMM.json"].status == "unproven"
+    assert not any(name.startswith("MI350X") for name in by_file)
+
+
+def test_host_values_replace_mi300x_ones():
+    rules = proof.load_rules()
+    config = {"GRID_DIM": 304, "XCD_REMAP": True, "BLOCK_SIZE_M": 256}
+    assert proof._with_host(config, rules, "MI210") == {"GRID_DIM": 104, "XCD_REMAP": False, "BLOCK_SIZE_M": 256}
+    assert proof._with_host(config, rules, "MI250X")["GRID_DIM"] == 110
+
+
+@pytest.mark.slow
+def test_whole_017_tree_every_derived_config_compiles_within_lds(proof_017):
+    derived = [entry for entry in proof_017["entries"] if entry["status"] in ("derived", "stepped-down")]
+    assert {entry["op"] for entry in derived} == {"gemm_a16w16", "mha"}
+    assert not [entry for entry in proof_017["entries"] if entry["status"] == "failed"]
+    for entry in derived:
+        for config in entry["configs"]:
+            assert config["compiled"] and config["paths"], (entry["file"], config["key"])
+            for path, result in config["paths"].items():
+                assert result["ok"] and result["lds_bytes"] <= LIMIT, (entry["file"], config["key"], path)
+                assert result["mfma"], (entry["file"], config["key"], path)  # the dots became MFMA
+                if not config["gfx942"][path]["vgpr_spills"]:
+                    assert not result["vgpr_spills"], (entry["file"], config["key"], path)
+    gemm = next(entry for entry in derived if entry["op"] == "gemm_a16w16")
+    assert len(gemm["configs"]) == 6 and all(len(config["paths"]) == 2 for config in gemm["configs"])  # EVEN_K or not
+    stepped = {config["key"]: config for config in gemm["configs"] if config["stepped_down"]}
+    assert set(stepped) == {"M_LEQ_2048", "any"}
+    assert stepped["any"]["original"]["BLOCK_SIZE_N"] == 256 and stepped["any"]["config"]["BLOCK_SIZE_N"] == 128
+    refused = [entry for entry in proof_017["entries"] if entry["status"] == "refused"]
+    assert refused and all(entry["reason"] and entry["target"] is None for entry in refused)
+    assert "compiled" in table({**proof_017, "cached": True})
+
+
+@pytest.mark.slow
+def test_the_set_installs_exactly_what_the_017_proof_derived(proof_017):
+    shipped = {path.relative_to(DATA / "0.1.7").as_posix(): path.read_text()
+               for path in (DATA / "0.1.7").rglob("*.json")}
+    assert shipped == proof_017["files"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ref", ["v0.1.16", "v0.1.20.post1"])
+def test_shipped_configs_compile_on_other_releases(aiter_git_dir, ref):
+    """The configs the set adds from 0.1.16 on, compiled with that release's kernels: the stepped-down GEMM bucket
+    and the MHA configs, on one path each (the whole-tree proof of these releases is `triton-configs`)."""
+    tree = coverage.aiter_triton_tree(aiter_git_dir, ref)
+    gemm = json.loads((DATA / "0.1.16-main" / proof.CONFIGS / "gemm/gfx90a-GEMM-A16W16.json").read_text())
+    mha = json.loads((DATA / "0.1.16-main" / proof.CONFIGS / "gfx90a-MHA-DEFAULT.json").read_text())
+    requests = [{**recipes.gemm_a16w16(gemm["any"], "any", None)[0][1], "id": "gemm any"}]
+    requests += [{**recipes.mha_fwd(config, key, None)[0][1], "id": f"mha {key}"} for key, config in mha["fwd"].items()]
+    results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
+    assert len(results) == 5
+    for name, result in results.items():
+        assert result["ok"] and result["lds_bytes"] <= LIMIT and result["mfma"], (ref, name, result)
+    assert results["gemm any"]["vgpr_spills"] == 0
+
+
+def test_a_lookup_file_is_named_by_the_release_layout(tmp_path):
+    (tmp_path / "gemm").mkdir()
+    (tmp_path / "gemm" / "gfx942-GEMM-A16W16.json").write_text("{}")
+    assert proof.arch_names(tmp_path, proof.load_rules()) == ("gfx942", "gfx90a")
+    assert proof.classify(tmp_path, proof.load_rules())[0].target == "gemm/gfx90a-GEMM-A16W16.json"
