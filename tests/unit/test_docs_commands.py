@@ -22,7 +22,8 @@ The rules (docs/maintainers/test-lab.md repeats them for authors of pages):
 5. A repository path is a word whose first component is a top-level file or directory of this repository (for
    example `inventory/lab.py`, `docs/slurm.md`, `deploy.py`); it must exist, unless it is a placeholder (rule 2) or
    lies under `reports/` or `.venv/`, which runs create.
-6. In the whole text of those pages: no issue numbers ("issue 12", "#12") and no work-log words ("Session 4").
+6. Every relative Markdown link of those pages, `[text](path)`, names a file or directory that exists.
+7. In the whole text of those pages: no issue numbers ("issue 12", "#12") and no work-log words ("Session 4").
    An upstream project's issue is cited as owner/repo#N (ROCm/aiter#4389), which is allowed.
 """
 
@@ -44,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 CREATED_BY_RUNS = ("reports", ".venv")
 OUR_PACKAGES = ("cdna2", "releases", "lab")  # python -m PACKAGE[.module]: checked by its --help
 OUTSIDE_FLAG_SOURCES = {"bin/lab-deploy": "pyinfra", "bin/test": "pytest"}
+RELATIVE_LINK = re.compile(r"\]\((?![a-z][a-z0-9+.-]*:)([^)#\s]+)(?:#[^)\s]*)?\)")
 ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+|(?<![\w&#/])#\d+\b", re.I)
 WORK_LOG = re.compile(r"\bsession\s+\d+\b", re.I)
 SEPARATORS = {"|", "&&", "||", ";"}
@@ -238,6 +240,23 @@ def test_every_command_in_the_docs_names_existing_paths_and_flags():
     problems = [f"{command.where()}\n    {problem}" for command in checked for problem in problems_of(command)]
     assert problems == [], "commands in the docs that would fail (rules: tests/unit/test_docs_commands.py):\n" + \
         "\n".join(problems)
+
+
+def broken_links(page: Path) -> list[str]:
+    """The relative link targets of ``page`` that name nothing."""
+    return [target for target in RELATIVE_LINK.findall(page.read_text()) if not (page.parent / target).exists()]
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda page: str(page.relative_to(REPO)))
+def test_every_relative_link_in_the_docs_resolves(page):
+    assert broken_links(page) == []
+
+
+def test_a_broken_link_is_caught(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("[here](here.md) [gone](gone.md#part) [web](https://example.org/x.md) [top](#top)\n")
+    (tmp_path / "here.md").write_text("")
+    assert broken_links(page) == ["gone.md"]
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda page: str(page.relative_to(REPO)))
