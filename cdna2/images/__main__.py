@@ -37,9 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("deploy", "rollback", "check", "show"))
     parser.add_argument("image", type=Path, help="the .sif image (never written)")
     parser.add_argument("--dry", action="store_true", help="deploy: show the diffs, write nothing")
-    parser.add_argument("--with-wheels", type=Path, metavar="DIR",
-                        help="deploy: a find-links directory of wheels (the matrix's amd-aiter, triton 3.7.1) the "
-                             "layer may carry, for an image without AITER")
+    parser.add_argument("--wheels", type=Path, metavar="DIR",
+                        help="deploy: a directory of wheels (find-links) for the deploy's wheels step: triton 3.7.1, "
+                             "and the matrix's amd-aiter for an image without it; the layer carries what it installs")
+    parser.add_argument("--wheel-matrix", type=Path, metavar="FILE",
+                        help="deploy: the wheel matrix (default: the packaged cdna2/data/wheel-matrix.yaml)")
     parser.add_argument("--python", default=layer.TARGET_PYTHON,
                         help="the image's Python environment (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -55,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             layer.enter_private_namespace(argv)
             if arguments.action == "deploy":
-                outcome = layer.deploy(arguments.image, arguments.dry, arguments.with_wheels, arguments.python,
+                outcome = layer.deploy(arguments.image, arguments.dry, arguments.wheels, arguments.wheel_matrix,
+                                       arguments.python,
                                        progress=lambda line: print(line, file=sys.stderr))
                 if arguments.dry or not arguments.json:
                     print(outcome.deploy_output, file=sys.stderr)

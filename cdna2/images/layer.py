@@ -33,7 +33,7 @@ from cdna2.images import sif
 REPO = Path(__file__).resolve().parents[2]
 RECORD_FORMAT = 1
 # Paths of the run's upper directory that are scratch, not the deploy's result: never in a layer.
-SCRATCH = ("tmp", "var/tmp", "root/.cache", "var/cache")
+SCRATCH = ("tmp", "var/tmp", "root/.cache", "var/cache", "var/lib/cdna2/lease.json")
 BYTECODE_DIR = "__pycache__"
 TARGET_PYTHON = "/opt/venv/bin/python"
 # Inside the root, where the deploy's optional find-links directory and this checkout are bound for a run: both are
@@ -153,13 +153,13 @@ def mounted_root(image: Path, layer: Path | None, scratch: Path, writable: bool,
             lowers.append(str(point))
         root = scratch / "root"
         root.mkdir()
-        options = f"lowerdir={':'.join(lowers)}"
+        options = f"lowerdir={':'.join(lowers)},xino=on"
         if writable:
             (scratch / "upper").mkdir()
             (scratch / "work").mkdir()
             options += f",upperdir={scratch / 'upper'},workdir={scratch / 'work'}"
         elif len(lowers) == 1:
-            options = f"lowerdir={lowers[0]}:{lowers[0]}"  # overlayfs needs two lowers without an upper
+            options = f"lowerdir={lowers[0]}:{lowers[0]},xino=on"  # overlayfs needs two lowers without an upper
         _mount("-t", "overlay", "overlay", "-o", options, str(root))
         mounted.append(root)
         for inside, how in (("proc", ("-t", "proc", "proc")), ("dev", ("--rbind", "/dev")),
@@ -203,7 +203,7 @@ def environment_problem(image: Path, root: Path, python: str, needs_aiter: bool)
     if site is None:
         return f"{image}: {python} has no site-packages in the image"
     if needs_aiter and not any(site.glob("amd_aiter-*.dist-info")):
-        return (f"{image}: no amd-aiter in {site.relative_to(root)} inside the image; --with-wheels carries the "
+        return (f"{image}: no amd-aiter in {site.relative_to(root)} inside the image; --wheels DIR carries the "
                 "wheel matrix's AITER and triton in the layer")
     return None
 
@@ -322,19 +322,22 @@ class Outcome:
     deploy_output: str = ""
 
 
-def run_deploy(root: Path, play: str, dry: bool, wheels: Path | None, python: str,
+def run_deploy(root: Path, play: str, dry: bool, wheels: Path | None, matrix: Path | None, python: str,
                report_dir: Path) -> subprocess.CompletedProcess:
     """``pyinfra -y inventory/sif.py PLAY`` with pyinfra's @chroot connector on ``root``."""
     environment = dict(os.environ, CDNA2_SIF_ROOT=str(root), CDNA2_SIF_PYTHON=python, PYINFRA_PROGRESS="off",
                        CDNA2_REPORT_DIR=str(report_dir))
     if wheels:
         environment["CDNA2_SIF_WHEELS"] = WHEELS_MOUNT
+    if matrix:
+        environment["CDNA2_SIF_WHEEL_MATRIX"] = str(Path(matrix).resolve())
     command = [sys.executable, "-m", "pyinfra", "-y", *(["--dry"] if dry else []), "inventory/sif.py", play]
     return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL)
 
 
-def deploy(image: Path, dry: bool = False, wheels: Path | None = None, python: str = TARGET_PYTHON,
+def deploy(image: Path, dry: bool = False, wheels: Path | None = None, matrix: Path | None = None,
+           python: str = TARGET_PYTHON,
            scratch_parent: Path | None = None, progress=print) -> Outcome:
     """Give ``image`` its layer (or show what it would be with ``dry``). Run inside enter_private_namespace."""
     image = Path(image).resolve()
@@ -345,7 +348,8 @@ def deploy(image: Path, dry: bool = False, wheels: Path | None = None, python: s
     epoch = sif.read_sif(image).modified or 1
     with tempfile.TemporaryDirectory(prefix="cdna2-image-", dir=scratch_parent) as scratch_name:
         scratch = Path(scratch_name)
-        outcome = _deploy_in(image, files, record, dry, wheels, python, scratch, epoch, image_sha256, progress)
+        outcome = _deploy_in(image, files, record, dry, wheels, matrix, python, scratch, epoch, image_sha256,
+                             progress)
     if sha256_file(image) != image_sha256:
         raise ImageTargetError(f"{image}: the image's bytes changed during the run: this tool never writes it; "
                                "something else did")
@@ -353,8 +357,8 @@ def deploy(image: Path, dry: bool = False, wheels: Path | None = None, python: s
     return outcome
 
 
-def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, wheels: Path | None, python: str,
-               scratch: Path, epoch: int, image_sha256: str, progress) -> Outcome:
+def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, wheels: Path | None,
+               matrix: Path | None, python: str, scratch: Path, epoch: int, image_sha256: str, progress) -> Outcome:
     # An intact layer is deployed over: when that changes nothing, the layer stays as it is. When it would change,
     # the layer is written afresh from the image alone (a layer holds one run's result, never a stack of them).
     for base in ((files.layer, None) if record else (None,)):
@@ -367,7 +371,7 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
                 raise ImageTargetError(f"{problem}; nothing was written beside the image")
             progress(f"images: deploying inside {image.name}{' over its layer' if base else ''}"
                      f"{' (dry run)' if dry else ''}")
-            result = run_deploy(root, "deploy.py", dry, wheels, python, scratch / "reports")
+            result = run_deploy(root, "deploy.py", dry, wheels, matrix, python, scratch / "reports")
         output = result.stdout + result.stderr
         if result.returncode != 0:
             raise ImageTargetError(f"{image}: the deploy inside the image failed (exit {result.returncode}); nothing "
