@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import shutil
 import struct
 import subprocess
@@ -23,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from cdna2.images import sif
+from cdna2.images.layer import pack_layer
 from lab import images, kinds, venvs, wheelhouse
 from lab.labstate import progress
 
@@ -58,15 +58,6 @@ def pack_sif(squashfs: Path, destination: Path, arch: bytes = b"02") -> None:
     staging.rename(destination)
 
 
-def mksquashfs(root: Path, destination: Path) -> None:
-    """A reproducible SquashFS of ``root`` (the same tree gives the same bytes)."""
-    result = subprocess.run(["mksquashfs", str(root), str(destination), "-noappend", "-all-root", "-no-progress",
-                             "-quiet", "-processors", "1"],
-                            capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(EPOCH)})
-    if result.returncode != 0:
-        raise RuntimeError(f"mksquashfs {root} failed (exit {result.returncode}): {result.stderr[-2000:]}")
-
-
 def venv_sif(with_aiter: bool = True) -> Path:
     """The cached test image: the Debian root, the lab's venv (with or without amd-aiter), the ROCm stand-in."""
     root = images.debian_root()
@@ -89,7 +80,7 @@ def venv_sif(with_aiter: bool = True) -> Path:
                     path.write_text(text)
                     path.chmod(mode)
                 squashfs = Path(scratch) / "root.squashfs"
-                mksquashfs(tree, squashfs)
+                pack_layer(tree, squashfs, EPOCH)
                 pack_sif(squashfs, image)
     return image
 

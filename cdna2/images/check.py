@@ -17,10 +17,11 @@ import tempfile
 from pathlib import Path
 
 from cdna2.host.environment import ROOT_STATE_DIR
-from cdna2.images.layer import (CHECKOUT_MOUNT, ImageTargetError, LayerFiles, image_python, intact_layer,
-                                mounted_root, sha256_file, site_packages)
+from cdna2.images.layer import (REPO, ImageTargetError, LayerFiles, image_python, intact_layer, mounted_root,
+                                sha256_file, site_packages)
 
-DEPENDENCIES_MOUNT = "/srv"
+# Mount points Debian-based images have, empty: this checkout and the controller's dependencies are bound there.
+CHECKOUT_MOUNT, DEPENDENCIES_MOUNT = "/media", "/srv"
 NO_GPU = "no GPU: the image is mounted by the kernel's SquashFS and overlay, standing in for the runtime"
 
 
@@ -46,7 +47,7 @@ def check_image(image: Path, python: str) -> dict:
     controller_site = Path(sysconfig.get_paths()["purelib"])
     with tempfile.TemporaryDirectory(prefix="cdna2-image-check-") as scratch, \
             mounted_root(image, files.layer, Path(scratch), writable=False,
-                         binds={CHECKOUT_MOUNT: Path(__file__).resolve().parents[2],
+                         binds={CHECKOUT_MOUNT: REPO,
                                 DEPENDENCIES_MOUNT: controller_site}) as root:
         if not image_python(root, python).is_file():
             raise ImageTargetError(f"{image}: no Python at {python} in the image")

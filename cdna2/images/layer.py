@@ -36,9 +36,9 @@ RECORD_FORMAT = 1
 SCRATCH = ("tmp", "var/tmp", "root/.cache", "var/cache", "var/lib/cdna2/lease.json")
 BYTECODE_DIR = "__pycache__"
 TARGET_PYTHON = "/opt/venv/bin/python"
-# Inside the root, where the deploy's optional find-links directory and this checkout are bound for a run: both are
-# mount points the image already has (Debian's empty /mnt and /media), so binding them writes nothing to the upper.
-WHEELS_MOUNT, CHECKOUT_MOUNT = "/mnt", "/media"
+# Inside the root, where the deploy's optional find-links directory is bound for a run: a mount point the image already
+# has (Debian's empty /mnt), so binding it writes nothing to the upper directory.
+WHEELS_MOUNT = "/mnt"
 
 
 class ImageTargetError(RuntimeError):
@@ -237,13 +237,13 @@ def _opaque(path: Path) -> bool:
         return False
 
 
-def pack_layer(upper: Path, destination: Path, epoch: int) -> None:
-    """``mksquashfs`` of the run's result: the same tree and epoch give the same bytes."""
-    result = subprocess.run(["mksquashfs", str(upper), str(destination), "-noappend", "-all-root", "-no-progress",
-                             "-quiet", "-processors", "1"],
+def pack_layer(tree: Path, destination: Path, epoch: int) -> None:
+    """``mksquashfs`` of a tree (a run's result): the same tree and epoch give the same bytes."""
+    result = subprocess.run(["mksquashfs", str(tree), str(destination), "-noappend", "-all-root", "-no-progress",
+                             "-quiet"],
                             capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)})
     if result.returncode != 0:
-        raise ImageTargetError(f"mksquashfs {upper} -> {destination} failed (exit {result.returncode}): "
+        raise ImageTargetError(f"mksquashfs {tree} -> {destination} failed (exit {result.returncode}): "
                                f"{result.stderr[-2000:]}")
 
 
@@ -331,9 +331,21 @@ def run_deploy(root: Path, play: str, dry: bool, wheels: Path | None, matrix: Pa
         environment["CDNA2_SIF_WHEELS"] = WHEELS_MOUNT
     if matrix:
         environment["CDNA2_SIF_WHEEL_MATRIX"] = str(Path(matrix).resolve())
-    command = [sys.executable, "-m", "pyinfra", "-y", *(["--dry"] if dry else []), "inventory/sif.py", play]
+    # pyinfra runs operation bodies (which log the patch diffs) at prepare only without -y: all of --dry.
+    command = [sys.executable, "-m", "pyinfra", "--dry" if dry else "-y", "inventory/sif.py", play]
     return subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL)
+
+
+def _left_for_next_run(report_dir: Path) -> bool:
+    """Whether the run's report says packages it installed are to be translated and patched by the next run."""
+    latest = report_dir / "latest.json"
+    if not latest.exists():
+        return False
+    report = json.loads(latest.read_text())
+    latest.unlink()  # the next run writes its own
+    return any("run the deploy again" in step.get("detail", "") for row in report["hosts"]
+               for step in row["steps"].values())
 
 
 def deploy(image: Path, dry: bool = False, wheels: Path | None = None, matrix: Path | None = None,
@@ -364,15 +376,20 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
     for base in ((files.layer, None) if record else (None,)):
         attempt = scratch / ("over-layer" if base else "fresh")
         attempt.mkdir()
-        binds = {CHECKOUT_MOUNT: REPO, **({WHEELS_MOUNT: wheels} if wheels else {})}
-        with mounted_root(image, base, attempt, writable=True, binds=binds) as root:
+        with mounted_root(image, base, attempt, writable=True, binds={WHEELS_MOUNT: wheels} if wheels else {}) as root:
             problem = environment_problem(image, root, python, needs_aiter=wheels is None and base is None)
             if problem:
                 raise ImageTargetError(f"{problem}; nothing was written beside the image")
-            progress(f"images: deploying inside {image.name}{' over its layer' if base else ''}"
-                     f"{' (dry run)' if dry else ''}")
-            result = run_deploy(root, "deploy.py", dry, wheels, matrix, python, scratch / "reports")
-        output = result.stdout + result.stderr
+            output = ""
+            # A run whose wheels step (re)installs AITER or vLLM translates and patches them on the next run: the
+            # layer holds the result of both.
+            for _ in range(2):
+                progress(f"images: deploying inside {image.name}{' over its layer' if base else ''}"
+                         f"{' (dry run)' if dry else ''}")
+                result = run_deploy(root, "deploy.py", dry, wheels, matrix, python, scratch / "reports")
+                output += result.stdout + result.stderr
+                if result.returncode != 0 or dry or not _left_for_next_run(scratch / "reports"):
+                    break
         if result.returncode != 0:
             raise ImageTargetError(f"{image}: the deploy inside the image failed (exit {result.returncode}); nothing "
                                    f"was written beside the image. Its output ends:\n{output[-4000:]}")
