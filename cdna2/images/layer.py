@@ -22,12 +22,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2 import __version__
+from cdna2.host.environment import ROOT_STATE_DIR
 from cdna2.images import sif
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +37,8 @@ RECORD_FORMAT = 1
 # Paths of the run's upper directory that are scratch, not the deploy's result: never in a layer.
 SCRATCH = ("tmp", "var/tmp", "root/.cache", "var/cache", "var/lib/cdna2/lease.json")
 BYTECODE_DIR = "__pycache__"
+OVERLAY_XATTR = "trusted.overlay."
+KEPT_OVERLAY_XATTRS = ("trusted.overlay.opaque", "trusted.overlay.redirect")
 TARGET_PYTHON = "/opt/venv/bin/python"
 # Inside the root, where the deploy's optional find-links directory is bound for a run: a mount point the image already
 # has (Debian's empty /mnt), so binding it writes nothing to the upper directory.
@@ -230,11 +234,38 @@ def prune_scratch(upper: Path) -> list[str]:
     return sorted(str(path.relative_to(upper)) for path in upper.rglob("*") if not path.is_dir())
 
 
+def strip_overlay_bookkeeping(upper: Path) -> None:
+    """Drop the xattrs overlayfs keeps for its own upper directory (origin, impure, the instance's random uuid):
+    they mean nothing in a layer mounted as a lower one, and differ from run to run. Opaque directories and
+    redirects (what a lower layer's reader needs) stay; whiteouts are device files, not xattrs."""
+    for directory, subdirectories, names in os.walk(upper):
+        for path in (directory, *(os.path.join(directory, name) for name in subdirectories + names)):
+            for attribute in os.listxattr(path, follow_symlinks=False):
+                if attribute.startswith(OVERLAY_XATTR) and attribute not in KEPT_OVERLAY_XATTRS:
+                    os.removexattr(path, attribute, follow_symlinks=False)
+
+
 def _opaque(path: Path) -> bool:
     try:
         return os.getxattr(path, "trusted.overlay.opaque") == b"y"
     except OSError:
         return False
+
+
+def pin_record_times(upper: Path, epoch: int) -> None:
+    """The deploy's state record in a layer carries the layer's time (SOURCE_DATE_EPOCH), not the run's, so the same
+    image gives the same layer. The kernel tree's stat signature goes too: inodes and times of a tree in a layer
+    change with every mount, so the probe reads the tree's content digest instead."""
+    path = upper / ROOT_STATE_DIR.lstrip("/") / "state.json"
+    if not path.is_file():
+        return
+    state = json.loads(path.read_text())
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+    if state.get("kernels"):
+        state["kernels"].update(installed=stamp, stat_signature=None)
+    if state.get("smoke"):
+        state["smoke"]["at"] = stamp
+    path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
 def pack_layer(tree: Path, destination: Path, epoch: int) -> None:
@@ -312,7 +343,7 @@ def rollback(image: Path) -> list[Path]:
 @dataclass
 class Outcome:
     image: str
-    status: str  # "written", "unchanged", "dry", "failed"
+    status: str  # "written", "unchanged" or "dry"
     detail: str
     layer: str | None = None
     layer_sha256: str | None = None
@@ -349,8 +380,7 @@ def _left_for_next_run(report_dir: Path) -> bool:
 
 
 def deploy(image: Path, dry: bool = False, wheels: Path | None = None, matrix: Path | None = None,
-           python: str = TARGET_PYTHON,
-           scratch_parent: Path | None = None, progress=print) -> Outcome:
+           python: str = TARGET_PYTHON, progress=print) -> Outcome:
     """Give ``image`` its layer (or show what it would be with ``dry``). Run inside enter_private_namespace."""
     image = Path(image).resolve()
     files = LayerFiles(image)
@@ -358,7 +388,7 @@ def deploy(image: Path, dry: bool = False, wheels: Path | None = None, matrix: P
     image_sha256 = sha256_file(image)
     record = intact_layer(files, image_sha256)
     epoch = sif.read_sif(image).modified or 1
-    with tempfile.TemporaryDirectory(prefix="cdna2-image-", dir=scratch_parent) as scratch_name:
+    with tempfile.TemporaryDirectory(prefix="cdna2-image-") as scratch_name:
         scratch = Path(scratch_name)
         outcome = _deploy_in(image, files, record, dry, wheels, matrix, python, scratch, epoch, image_sha256,
                              progress)
@@ -376,7 +406,8 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
     for base in ((files.layer, None) if record else (None,)):
         attempt = scratch / ("over-layer" if base else "fresh")
         attempt.mkdir()
-        with mounted_root(image, base, attempt, writable=True, binds={WHEELS_MOUNT: wheels} if wheels else {}) as root:
+        binds = {WHEELS_MOUNT: wheels} if wheels else {}
+        with mounted_root(image, base, attempt, writable=True, binds=binds) as root:
             problem = environment_problem(image, root, python, needs_aiter=wheels is None and base is None)
             if problem:
                 raise ImageTargetError(f"{problem}; nothing was written beside the image")
@@ -395,8 +426,8 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
                                    f"was written beside the image. Its output ends:\n{output[-4000:]}")
         changed = prune_scratch(attempt / "upper")
         if dry:
-            return Outcome(str(image), "dry", f"would write {files.layer.name}" if changed or not record
-                           else "the layer is current: nothing would change", deploy_output=output)
+            return Outcome(str(image), "dry", "preview only (the deploy's report above): nothing written",
+                           deploy_output=output)
         if base and not changed:
             return Outcome(str(image), "unchanged", "the layer is current: nothing changed", str(files.layer),
                            record["layer_sha256"], files=record["files"], launch=record["launch"],
@@ -407,6 +438,8 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
             raise ImageTargetError(f"{image}: the deploy changed nothing inside the image (already provisioned "
                                    "for gfx90a?): no layer written")
         packed = scratch / "layer.sqsh"
+        pin_record_times(attempt / "upper", epoch)
+        strip_overlay_bookkeeping(attempt / "upper")
         pack_layer(attempt / "upper", packed, epoch)
         layer_sha256 = sha256_file(packed)
         if record and record["layer_sha256"] == layer_sha256:

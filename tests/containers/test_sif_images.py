@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -77,7 +78,8 @@ def test_the_layer_holds_only_what_the_deploy_changed(deployed):
     assert sha256_file(files.layer) == deployed["layer_sha256"] == json.loads(files.record.read_text())["layer_sha256"]
     listed = subprocess.run(["unsquashfs", "-lln", "-d", "", str(files.layer)], capture_output=True, text=True,
                             check=True).stdout.splitlines()
-    in_layer = sorted(line.split(None, 5)[5].lstrip("/") for line in listed if line[:1] in "-lc")
+    # "-rw-r--r-- 0/0 1234 2023-11-14 22:13 /path" (a whiteout: "crw-r--r-- 0/0 0, 0 ..."; a link: "... -> target")
+    in_layer = sorted(re.search(r" \d\d:\d\d /(.*?)(?: -> .*)?$", line)[1] for line in listed if line[:1] in "-lc")
     assert in_layer == deployed["files"]
     site = "opt/venv/lib/python3.11/site-packages/"
     gfx90a = [name for name in in_layer if name.startswith(site + "aiter_meta/hsa/gfx90a/")]

@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from cdna2.images.layer import ImageTargetError, LayerFiles, intact_layer, place, prune_scratch, sha256_file
+from cdna2.images.layer import (ImageTargetError, LayerFiles, intact_layer, place, prune_scratch, sha256_file,
+                                strip_overlay_bookkeeping)
 
 
 def test_only_the_deploys_result_is_kept_of_the_upper_directory(tmp_path):
@@ -64,3 +65,20 @@ def test_a_layer_with_no_room_beside_the_image_is_refused_and_nothing_is_written
         assert [path.name for path in directory.iterdir()] == ["vllm.sif"]
     finally:
         subprocess.run(["umount", str(directory)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sets trusted.* xattrs: needs root")
+def test_overlay_bookkeeping_goes_and_opaque_directories_stay(tmp_path):
+    upper = tmp_path / "upper"
+    (upper / "triton").mkdir(parents=True)
+    (upper / "triton" / "knobs.py").write_text("x")
+    try:
+        os.setxattr(upper, "trusted.overlay.uuid", os.urandom(16))
+    except OSError as error:
+        pytest.skip(f"{tmp_path}'s filesystem takes no trusted xattrs: {error}")
+    os.setxattr(upper / "triton", "trusted.overlay.opaque", b"y")
+    os.setxattr(upper / "triton", "trusted.overlay.origin", b"\0\xfb")
+    os.setxattr(upper / "triton" / "knobs.py", "trusted.overlay.origin", b"\0\xfb")
+    strip_overlay_bookkeeping(upper)
+    assert os.listxattr(upper) == [] and os.listxattr(upper / "triton" / "knobs.py") == []
+    assert os.listxattr(upper / "triton") == ["trusted.overlay.opaque"]
