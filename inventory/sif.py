@@ -5,7 +5,7 @@ a writable overlay in a mount namespace of its own, then runs ``pyinfra -y inven
 ``CDNA2_SIF_ROOT`` naming that root; pyinfra's ``@chroot`` connector runs the deploy inside it, and what the deploy
 wrote (the overlay's upper directory) becomes the layer. There is no GPU at build time, so ``gpu_arch`` says which
 arch the layer is for. ``CDNA2_SIF_WHEELS``: a find-links directory bound inside the root for the wheels step
-(``--with-wheels``); without it the image's own packages are used as they are.
+(``--wheels DIR``); without it the image's own packages are used as they are.
 """
 
 import os

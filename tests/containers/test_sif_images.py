@@ -197,3 +197,19 @@ def test_an_image_without_aiter_is_refused_unless_wheels_are_given(tmp_path, cac
     status, result, _ = images_cli("deploy", str(image), timeout=120)
     assert status == 1 and result["error"].startswith(f"{image}: no amd-aiter in opt/venv/lib/python3.11/site-packages")
     assert "--wheels DIR" in result["error"] and [path.name for path in directory.iterdir()] == ["no-aiter.sif"]
+
+
+def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(cached_image, wheel_options, tmp_path):
+    # LUMI's current images have no AITER: the wheels step installs the matrix's amd-aiter and triton 3.7.1 into
+    # the layer, and a second run inside the same root translates and patches it.
+    image = image_copy(lab_sif.venv_sif(with_aiter=False), tmp_path)
+    before = sha256_file(image)
+    status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
+    assert status == 0 and outcome["status"] == "written", stderr[-3000:]
+    site = "opt/venv/lib/python3.11/site-packages/"
+    assert {site + "amd_aiter-0.1.7.post2.dev18.dist-info/RECORD", site + "triton-3.7.1.dist-info/RECORD",
+            site + "vllm/_aiter_ops.py"} - set(outcome["files"]) == {site + "vllm/_aiter_ops.py"}  # no vLLM there
+    assert len([name for name in outcome["files"] if "/hsa/gfx90a/" in name and name.endswith(".co")]) == 178
+    status, result, stderr = images_cli("check", str(image))
+    assert status == 0 and result["status"] == "ok", stderr[-3000:]
+    assert sha256_file(image) == before
