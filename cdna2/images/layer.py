@@ -368,6 +368,15 @@ def run_deploy(root: Path, play: str, dry: bool, wheels: Path | None, matrix: Pa
                           stdin=subprocess.DEVNULL)
 
 
+def _failure_reasons(output: str) -> str:
+    """What pyinfra's output says stopped the deploy (the operation's error, or pyinfra's own), once each."""
+    reasons = [line.split("OperationError: ", 1)[1] for line in output.splitlines()
+               if line.startswith("pyinfra.api.exceptions.OperationError: ")]
+    reasons += [line.removeprefix("--> pyinfra error").lstrip(" :") for line in output.splitlines()
+                if line.startswith("--> pyinfra error") and "No hosts remaining" not in line]
+    return "; ".join(dict.fromkeys(reasons)) or "see its output below"
+
+
 def _left_for_next_run(report_dir: Path) -> bool:
     """Whether the run's report says packages it installed are to be translated and patched by the next run."""
     latest = report_dir / "latest.json"
@@ -422,8 +431,8 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
                 if result.returncode != 0 or dry or not _left_for_next_run(scratch / "reports"):
                     break
         if result.returncode != 0:
-            raise ImageTargetError(f"{image}: the deploy inside the image failed (exit {result.returncode}); nothing "
-                                   f"was written beside the image. Its output ends:\n{output[-4000:]}")
+            raise ImageTargetError(f"{image}: the deploy inside the image failed: {_failure_reasons(output)}; "
+                                   f"nothing was written beside the image. Its output ends:\n{output[-4000:]}")
         changed = prune_scratch(attempt / "upper")
         if dry:
             return Outcome(str(image), "dry", "preview only (the deploy's report above): nothing written",

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cdna2.images.layer import LayerFiles, pack_layer, sha256_file
 from lab import images, sif as lab_sif, wheelhouse
@@ -213,3 +214,19 @@ def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(ca
     status, result, stderr = images_cli("check", str(image))
     assert status == 0 and result["status"] == "ok", stderr[-3000:]
     assert sha256_file(image) == before
+
+
+def test_an_image_whose_rocm_the_matrix_does_not_cover_is_refused_by_name(cached_image, tmp_path):
+    # The packaged matrix cut down to its ROCm 6.3 entry: the image's ROCm (the lab's 7.14.0 stand-in) is not in it.
+    packaged = yaml.safe_load((REPO / "cdna2/data/wheel-matrix.yaml").read_text())
+    packaged["rocm"] = [entry for entry in packaged["rocm"] if entry["version"] == "6.3"]
+    matrix = tmp_path / "wheel-matrix.yaml"
+    matrix.write_text(yaml.safe_dump(packaged))
+    directory = tmp_path / "images"
+    directory.mkdir()
+    image = image_copy(lab_sif.venv_sif(with_aiter=False), directory)
+    status, result, _ = images_cli("deploy", str(image), "--wheels", str(tmp_path), "--wheel-matrix", str(matrix))
+    # The image first, then the deploy's own refusal (of the host pyinfra saw: the image's root, mounted).
+    assert status == 1 and result["error"].startswith(f"{image}: the deploy inside the image failed: @chroot/")
+    assert "ROCm 7.14.0 (from /opt/rocm/.info/version) is not in the wheel matrix" in result["error"]
+    assert [path.name for path in directory.iterdir()] == ["vllm.sif"]
