@@ -268,10 +268,11 @@ def pin_record_times(upper: Path, epoch: int) -> None:
     path.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
 
 
-def pack_layer(tree: Path, destination: Path, epoch: int) -> None:
-    """``mksquashfs`` of a tree (a run's result): the same tree and epoch give the same bytes."""
+def pack_layer(tree: Path, destination: Path, epoch: int, compressor: str = "gzip") -> None:
+    """``mksquashfs`` of a tree (a run's result): the same tree and epoch give the same bytes. gzip, mksquashfs'
+    default, is the compressor every SquashFS reader has."""
     result = subprocess.run(["mksquashfs", str(tree), str(destination), "-noappend", "-all-root", "-no-progress",
-                             "-quiet"],
+                             "-quiet", "-comp", compressor],
                             capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(epoch)})
     if result.returncode != 0:
         raise ImageTargetError(f"mksquashfs {tree} -> {destination} failed (exit {result.returncode}): "
