@@ -87,7 +87,8 @@ actions = getattr(wheel_plan, "actions", ())
 # Packages this run's wheels step replaces are patched (and AITER translated) from what the probe saw before: next run.
 reinstalled = sorted({action.package for action in actions} & set(catalog.packages()))
 requirements = [action.requirement for action in actions]
-kernels, why = kernels_decision(probe, data.translate_kernels) if not env_error else (SKIP, env_error)
+kernels, why = (kernels_decision(probe, data.translate_kernels, installs_aiter="amd-aiter" in reinstalled)
+                if not env_error else (SKIP, env_error))
 kernel_policy = KernelPolicy.of_host_data(data)
 tree, translation_error = (translated_tree_or_refusal(host, probe, kernel_policy)
                            if kernels == PROCEED and "amd-aiter" not in reinstalled else (None, None))

@@ -108,14 +108,18 @@ def target_env_error(probe: dict[str, Any]) -> str | None:
 SKIP, FAIL, PROCEED = "skip", "fail", "proceed"
 
 
-def kernels_decision(probe: dict[str, Any], enabled: bool) -> tuple[str, str]:
-    """(SKIP, why) for a host the kernels step leaves alone, (FAIL, why) for one it cannot serve, else PROCEED."""
+def kernels_decision(probe: dict[str, Any], enabled: bool, installs_aiter: bool = False) -> tuple[str, str]:
+    """(SKIP, why) for a host the kernels step leaves alone, (FAIL, why) for one it cannot serve, else PROCEED.
+
+    ``installs_aiter``: this run's wheels step installs amd-aiter where there is none: it is translated next run."""
     if not enabled:
         return SKIP, "translate_kernels is off for this host"
     reason = arch_skip_reason(probe)
     if reason:
         return SKIP, reason
     if probe["distributions"]["amd-aiter"] is None:
+        if installs_aiter:
+            return PROCEED, "amd-aiter is installed by this run's wheels step"
         return FAIL, "amd-aiter is not installed in the target environment: enable install_wheels or install it"
     aiter, checkout = probe["aiter"], develop_checkout(probe["distributions"]["amd-aiter"])
     listing = "its checkout's git HEAD" if checkout else "its RECORD"

@@ -24,7 +24,7 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # pyinfra executes this file without the repository on sys.path
     sys.path.insert(0, str(_REPO))
 
-from cdna2.containers import Engine  # noqa: E402 (needs the path set above)
+from cdna2.images.containers import Engine  # noqa: E402 (needs the path set above)
 from lab import images as lab_images  # noqa: E402
 
 _SOURCE = os.environ.get("CDNA2_IMAGE") or lab_images.base_image(Engine())

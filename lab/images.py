@@ -24,7 +24,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from cdna2.containers import Engine
+from cdna2.images.containers import Engine
 from lab import kinds, mirror, venvs, wheelhouse
 from lab.engine import EngineUnavailable
 from lab.labstate import progress, write_atomically

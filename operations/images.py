@@ -4,7 +4,7 @@ pyinfra commits an ``@docker/IMAGE`` target's container when it disconnects from
 on every run, and keeps the new image's id nowhere but in one log line (``docker build complete, image ID:
 <12 hex>``). The run recorder calls ``settle_image_target`` from its ``host_disconnect`` callback, which pyinfra
 triggers right after that commit, for the same host: the id is read from the log line this module's handler saw,
-then ``cdna2.containers`` tags the image, keeps it or removes it, and the outcome goes into the host's report row.
+then ``cdna2.images.containers`` tags the image, keeps it or removes it, and the outcome goes into the host's report row.
 A running container (``@docker/CONTAINER``) is patched in place and left running: nothing is committed.
 """
 
@@ -16,9 +16,10 @@ import re
 from pyinfra import logger
 from pyinfra.api.host import Host
 from pyinfra.api.state import State, StateStage
+from pyinfra.connectors.chroot import ChrootConnector
 from pyinfra.connectors.docker import DockerConnector
 
-from cdna2.containers import Engine, EngineError, decide, settle_image, short
+from cdna2.images.containers import Engine, EngineError, decide, settle_image, short
 from cdna2.reports.run import CHANGED, FAILED, SKIPPED, UNCHANGED, HostRow, StepResult
 
 COMMITTED_LINE = re.compile(r"build complete, image ID: (?:\x1b\[[0-9;]*m)*([0-9a-f]{12})")
@@ -26,8 +27,9 @@ STEP = "image"
 
 
 def is_container_target(host: Host) -> bool:
-    """An ``@docker/...`` image or running container: the only targets where host data may name the GPU arch."""
-    return isinstance(host.connector, DockerConnector)
+    """An ``@docker/...`` image or running container, or an ``@chroot/...`` Singularity image root (cdna2.images
+    mounts one for ``python -m cdna2.images``): the only targets where host data may name the GPU arch."""
+    return isinstance(host.connector, (DockerConnector, ChrootConnector))
 
 
 class CommittedImages(logging.Handler):

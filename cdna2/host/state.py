@@ -55,15 +55,28 @@ def _process_name(pid: int) -> str:
         return ""
 
 
+def _outside_root(pid: int, own_root: os.stat_result) -> bool:
+    """Whether ``pid`` sees another root directory than this process (this one runs in a chroot, it does not)."""
+    try:
+        root = os.stat(f"/proc/{pid}/root")
+    except OSError:
+        return False  # not ours to read, or no /proc: no chroot evidence
+    return (root.st_dev, root.st_ino) != (own_root.st_dev, own_root.st_ino)
+
+
 def ssh_connection() -> dict[str, Any]:
     """What this command's run arrives through: the nearest sshd ancestor, with its start time (so that a recycled
     pid is never mistaken for it); in a container entered with ``docker exec`` (pyinfra's @docker connector), the
-    container's main process, whose life bounds every run in it."""
+    container's main process, whose life bounds every run in it; in a chroot (pyinfra's @chroot connector on an
+    image's root, cdna2/images/), the nearest process outside it: the controller's, which starts every command."""
     pid = os.getpid()
+    own_root = os.stat("/")
     while pid > 1:
         stat = _process_stat(pid)
         if stat is None:
             break
+        if _outside_root(pid, own_root):
+            return {"pid": pid, "start": stat[1], "chroot": True}
         try:
             executable = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
         except OSError:

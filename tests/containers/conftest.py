@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.containers import Engine as EngineCli
+from cdna2.images.containers import Engine as EngineCli
 from lab import images
 from lab.engine import Engine, EngineUnavailable
 from tests.lab.deploy_runner import REPO, DeployRun, run_pyinfra

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdna2.containers import KEEP, REMOVE, SOURCE, TAG, Engine, EngineError, ImageOutcome, decide, settle_image
+from cdna2.images.containers import KEEP, REMOVE, SOURCE, TAG, Engine, EngineError, ImageOutcome, decide, settle_image
 from cdna2.host import gpu_run, smoke
 from cdna2.plan import arch_skip_reason, data_arch_refusal, hidden_gpu_refusal, with_data_arch
 from lab import engine as engine_module

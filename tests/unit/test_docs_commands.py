@@ -22,7 +22,7 @@ The rules (docs/maintainers/test-lab.md repeats them for authors of pages):
 5. A repository path is a word whose first component is a top-level file or directory of this repository (for
    example `inventory/lab.py`, `docs/slurm.md`, `deploy.py`); it must exist, unless it is a placeholder (rule 2) or
    lies under `reports/` or `.venv/`, which runs create.
-6. Every relative Markdown link of those pages, `[text](path)`, names a file or directory that exists.
+6. The target of every relative Markdown link of those pages names a file or directory that exists.
 7. In the whole text of those pages: no issue numbers ("issue 12", "#12") and no work-log words ("Session 4").
    An upstream project's issue is cited as owner/repo#N (ROCm/aiter#4389), which is allowed.
 """

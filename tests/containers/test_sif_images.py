@@ -1,0 +1,232 @@
+"""Singularity/Apptainer images as deploy targets: a read-only gfx90a layer beside a .sif, never inside it.
+
+The image is the lab's (lab/sif.py: a Debian root with the lab's venv at /opt/venv, real amd-aiter
+0.1.7.post2.dev18 and vLLM 0.26.0, packed by the spec-written test helper), cached per machine and hard-linked into
+each test's directory. No container runtime exists here: the kernel's SquashFS and overlay filesystems, mounted in a
+private mount namespace as root, stand in for it (``python -m cdna2.images``). One deploy is shared by the tests
+that read its result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cdna2.images.layer import LayerFiles, pack_layer, sha256_file
+from lab import images, sif as lab_sif, wheelhouse
+from tests.lab.deploy_runner import REPO
+
+pytestmark = [pytest.mark.containers, pytest.mark.slow]
+
+SYLABS = REPO / "tests" / "unit" / "fixtures" / "sylabs-sif"
+
+
+def images_cli(*args: str, timeout: int = 1200, env: dict | None = None) -> tuple[int, dict, str]:
+    """``python -m cdna2.images ARGS --json``: exit status, the JSON result, stderr."""
+    result = subprocess.run([sys.executable, "-m", "cdna2.images", *args, "--json"], cwd=REPO, capture_output=True,
+                            text=True, timeout=timeout, env=env)
+    return result.returncode, json.loads(result.stdout), result.stderr
+
+
+def listing(directory: Path) -> dict[str, str]:
+    return {path.name: sha256_file(path) for path in sorted(directory.iterdir())}
+
+
+@pytest.fixture(scope="session")
+def wheel_options() -> list[str]:
+    # The lab's matrix (its ROCm stand-in's versions) and its wheelhouse, where triton 3.7.1 is: the layer carries it.
+    return ["--wheels", str(wheelhouse.wheel(wheelhouse.TRITON_PINNED).parent),
+            "--wheel-matrix", str(images.wheel_matrix())]
+
+
+@pytest.fixture(scope="session")
+def cached_image() -> Path:
+    if os.geteuid() != 0 or shutil.which("mksquashfs") is None:
+        pytest.skip("image targets mount the image's root: they need root and squashfs-tools (bin/setup)")
+    return lab_sif.venv_sif()
+
+
+def image_copy(cached: Path, directory: Path) -> Path:
+    """The cached image in ``directory`` as vllm.sif: a hard link (the same bytes, which nothing may change)."""
+    image = directory / "vllm.sif"
+    try:
+        os.link(cached, image)
+    except OSError:
+        shutil.copyfile(cached, image)
+    return image
+
+
+@pytest.fixture(scope="session")
+def deployed(cached_image, wheel_options, tmp_path_factory) -> dict:
+    image = image_copy(cached_image, tmp_path_factory.mktemp("sif-deploy"))
+    before = sha256_file(image)
+    status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
+    assert status == 0, stderr[-5000:]
+    return {**outcome, "sha256_before": before, "path": image}
+
+
+def test_the_layer_holds_only_what_the_deploy_changed(deployed):
+    files = LayerFiles(deployed["path"])
+    assert deployed["status"] == "written" and files.layer.exists() and files.wrapper.exists()
+    assert sha256_file(files.layer) == deployed["layer_sha256"] == json.loads(files.record.read_text())["layer_sha256"]
+    listed = subprocess.run(["unsquashfs", "-lln", "-d", "", str(files.layer)], capture_output=True, text=True,
+                            check=True).stdout.splitlines()
+    # "-rw-r--r-- 0/0 1234 2023-11-14 22:13 /path" (a whiteout: "crw-r--r-- 0/0 0, 0 ..."; a link: "... -> target")
+    in_layer = sorted(re.search(r" \d\d:\d\d /(.*?)(?: -> .*)?$", line)[1] for line in listed if line[:1] in "-lc")
+    assert in_layer == deployed["files"]
+    site = "opt/venv/lib/python3.11/site-packages/"
+    gfx90a = [name for name in in_layer if name.startswith(site + "aiter_meta/hsa/gfx90a/")]
+    assert len([name for name in gfx90a if name.endswith(".co")]) == 178
+    assert {site + "vllm/_aiter_ops.py", site + "triton-3.7.1.dist-info/METADATA",
+            "var/lib/cdna2/state.json"} <= set(in_layer)
+    # Nothing of the image that stayed as it was, and none of the run's scratch.
+    assert not [name for name in in_layer if "/gfx942/" in name or name.startswith(("tmp/", "root/"))
+                or "__pycache__" in name or name.endswith("lease.json")]
+
+
+def test_image_and_layer_pass_the_static_smoke_and_patch_check_with_the_images_python(deployed):
+    status, result, stderr = images_cli("check", str(deployed["path"]))
+    assert status == 0 and result["status"] == "ok", stderr[-3000:]
+    checks = {check["name"]: check for check in result["smoke"]["checks"]}
+    for name in ("gfx90a_tree", "code_objects_gfx90a", "manifests_complete", "patch_sets_applied", "record_pristine",
+                 "triton_version"):
+        assert checks[name]["status"] == "passed", checks[name]
+    assert result["smoke"]["failed"] == 0 and result["python"] == "3.11"
+    assert all(check["detail"].startswith("skipped: no GPU") for check in checks.values() if check["kind"] == "gpu")
+    patched = {entry["package"]: entry for entry in result["patch_check"]["packages"]}
+    assert {"amd-aiter", "vllm"} <= set(patched)
+
+
+def test_a_rerun_changes_nothing(deployed, wheel_options):
+    directory = deployed["path"].parent
+    before = {path.name: path.stat().st_mtime_ns for path in directory.iterdir()}
+    status, outcome, stderr = images_cli("deploy", str(deployed["path"]), *wheel_options)
+    assert status == 0 and outcome["status"] == "unchanged", stderr[-3000:]
+    assert {path.name: path.stat().st_mtime_ns for path in directory.iterdir()} == before
+
+
+def test_the_wrapper_runs_the_runtime_with_the_layer_read_only_and_a_jit_dir_per_user(deployed, tmp_path):
+    # A stand-in for singularity/apptainer (neither can run here): it prints the arguments it was given.
+    runtime = tmp_path / "runtime-stand-in"
+    runtime.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    runtime.chmod(0o755)
+    files = LayerFiles(deployed["path"])
+    home = tmp_path / "home"
+    result = subprocess.run([str(files.wrapper), "exec", "python", "-c", "pass"], capture_output=True, text=True,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(home), "CDNA2_RUNTIME": str(runtime)},
+                            check=True)
+    jit = home / ".cache" / "cdna2-aiter-jit" / deployed["layer_sha256"][:16]
+    assert result.stdout.splitlines() == [
+        "exec", "--overlay", f"{files.layer}:ro", "--bind", str(jit), "--env", f"AITER_JIT_DIR={jit}",
+        "--env", "VLLM_ROCM_USE_AITER_FP4BMM=0", "--env", "VLLM_ROCM_USE_AITER_FP8BMM=0", str(files.image),
+        "python", "-c", "pass"]
+    assert jit.is_dir()
+
+
+def test_a_layer_edited_by_hand_is_refused_by_name_and_nothing_is_written(deployed, wheel_options):
+    files = LayerFiles(deployed["path"])
+    data = bytearray(files.layer.read_bytes())
+    original = data[-1]
+    data[-1] ^= 0xFF
+    files.layer.write_bytes(bytes(data))
+    try:
+        before = listing(files.image.parent)
+        for action in (("deploy", str(files.image), *wheel_options), ("check", str(files.image))):
+            status, result, _ = images_cli(*action)
+            assert status == 1 and result["error"].startswith(f"{files.layer}: edited since it was written")
+        assert listing(files.image.parent) == before
+    finally:
+        data[-1] = original
+        files.layer.write_bytes(bytes(data))
+
+
+def test_rollback_leaves_no_layer_and_a_new_deploy_writes_the_same_bytes(deployed, wheel_options):
+    """Last of the shared deploy's tests: it removes the layer, then writes it again from the image alone."""
+    image = deployed["path"]
+    status, result, _ = images_cli("rollback", str(image))
+    assert status == 0 and sorted(Path(path).name for path in result["removed"]) == [
+        "vllm.gfx90a-layer.json", "vllm.gfx90a-layer.sqsh", "vllm.gfx90a-run.sh"]
+    assert [path.name for path in image.parent.iterdir()] == ["vllm.sif"]
+    status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
+    assert status == 0 and outcome["status"] == "written", stderr[-3000:]
+    assert outcome["layer_sha256"] == deployed["layer_sha256"]  # reproducible: same image, same tool, same bytes
+    assert sha256_file(image) == deployed["sha256_before"] == outcome["image_sha256"]
+
+
+def test_a_dry_run_shows_the_diffs_and_writes_nothing(cached_image, wheel_options, tmp_path):
+    image = image_copy(cached_image, tmp_path)
+    status, outcome, stderr = images_cli("deploy", str(image), "--dry", *wheel_options)
+    assert status == 0 and outcome["status"] == "dry", stderr[-3000:]
+    assert "+++ " in stderr and "gfx90a" in stderr  # the patch plans' unified diffs
+    assert [path.name for path in tmp_path.iterdir()] == ["vllm.sif"]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda path: path.write_text("#!/bin/sh\necho hello\n"), "not a SIF file"),
+    (lambda path: path.write_bytes((SYLABS / "one-group.sif").read_bytes()[:38000]), "truncated SIF file"),
+    (lambda path: shutil.copyfile(SYLABS / "one-group.sif", path),
+     "the image has no Python at /opt/venv/bin/python"),
+])
+def test_an_image_that_cannot_get_a_layer_is_refused_naming_the_file(tmp_path, cached_image, make, message):
+    image = tmp_path / "broken.sif"
+    make(image)
+    status, result, stderr = images_cli("deploy", str(image), timeout=120)
+    assert status == 1 and result["error"].startswith(f"{image}: ") and message in result["error"], stderr
+    assert [path.name for path in tmp_path.iterdir()] == ["broken.sif"]
+
+
+def test_an_image_without_aiter_is_refused_unless_wheels_are_given(tmp_path, cached_image):
+    # A root with a real Python interpreter and an empty venv site-packages: no amd-aiter in it.
+    root = tmp_path / "root"
+    (root / "opt/venv/bin").mkdir(parents=True)
+    (root / "opt/venv/lib/python3.11/site-packages").mkdir(parents=True)
+    shutil.copy(os.path.realpath(sys.executable), root / "opt/venv/bin/python")
+    squashfs = tmp_path / "root.squashfs"
+    pack_layer(root, squashfs, lab_sif.EPOCH)
+    directory = tmp_path / "images"
+    directory.mkdir()
+    image = directory / "no-aiter.sif"
+    lab_sif.pack_sif(squashfs, image)
+    status, result, _ = images_cli("deploy", str(image), timeout=120)
+    assert status == 1 and result["error"].startswith(f"{image}: no amd-aiter in opt/venv/lib/python3.11/site-packages")
+    assert "--wheels DIR" in result["error"] and [path.name for path in directory.iterdir()] == ["no-aiter.sif"]
+
+
+def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(cached_image, wheel_options, tmp_path):
+    # LUMI's current images have no AITER: the wheels step installs the matrix's amd-aiter and triton 3.7.1 into
+    # the layer, and a second run inside the same root translates and patches it.
+    image = image_copy(lab_sif.venv_sif(with_aiter=False), tmp_path)
+    before = sha256_file(image)
+    status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
+    assert status == 0 and outcome["status"] == "written", stderr[-3000:]
+    site = "opt/venv/lib/python3.11/site-packages/"
+    assert {site + "amd_aiter-0.1.7.post2.dev18.dist-info/RECORD", site + "triton-3.7.1.dist-info/RECORD",
+            site + "vllm/_aiter_ops.py"} - set(outcome["files"]) == {site + "vllm/_aiter_ops.py"}  # no vLLM there
+    assert len([name for name in outcome["files"] if "/hsa/gfx90a/" in name and name.endswith(".co")]) == 178
+    status, result, stderr = images_cli("check", str(image))
+    assert status == 0 and result["status"] == "ok", stderr[-3000:]
+    assert sha256_file(image) == before
+
+
+def test_an_image_whose_rocm_the_matrix_does_not_cover_is_refused_by_name(cached_image, tmp_path):
+    # The packaged matrix cut down to its ROCm 6.3 entry: the image's ROCm (the lab's 7.14.0 stand-in) is not in it.
+    packaged = yaml.safe_load((REPO / "cdna2/data/wheel-matrix.yaml").read_text())
+    packaged["rocm"] = [entry for entry in packaged["rocm"] if entry["version"] == "6.3"]
+    matrix = tmp_path / "wheel-matrix.yaml"
+    matrix.write_text(yaml.safe_dump(packaged))
+    directory = tmp_path / "images"
+    directory.mkdir()
+    image = image_copy(lab_sif.venv_sif(with_aiter=False), directory)
+    status, result, _ = images_cli("deploy", str(image), "--wheels", str(tmp_path), "--wheel-matrix", str(matrix))
+    # The image first, then the deploy's own refusal (of the host pyinfra saw: the image's root, mounted).
+    assert status == 1 and result["error"].startswith(f"{image}: the deploy inside the image failed: @chroot/")
+    assert "ROCm 7.14.0 (from /opt/rocm/.info/version) is not in the wheel matrix" in result["error"]
+    assert [path.name for path in directory.iterdir()] == ["vllm.sif"]
