@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root, code_digest
-from cdna2.schema import first_violation, load_yaml
+from cdna2.schema import load_packaged
 from cdna2.triton import recipes, toolchain, worker
 
 CONFIGS = "aiter/ops/triton/configs"
@@ -44,11 +44,7 @@ def rules_text() -> str:
 
 @cache
 def load_rules() -> dict:
-    document = load_yaml(rules_text())
-    schema = json.loads(resources.files("cdna2").joinpath("schemas", "triton-gfx90a-1.0.json").read_text())
-    violation = first_violation(document, schema)
-    if violation:
-        raise ProofError(f"cdna2/data/{RULES_FILE}: {violation}")
+    document = load_packaged(RULES_FILE, "triton-gfx90a-1.0.json", ProofError)
     unknown = [op["recipe"] for op in document["ops"] if op["recipe"] not in recipes.RECIPES]
     if unknown or document["default_host"] not in document["hosts"]:
         raise ProofError(f"cdna2/data/{RULES_FILE}: unknown recipe {unknown} or default_host")
