@@ -16,9 +16,10 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from cdna2.host.digests import file_sha256
 from cdna2.host.environment import ROOT_STATE_DIR
 from cdna2.images.layer import (REPO, ImageTargetError, LayerFiles, image_python, intact_layer, mounted_root,
-                                sha256_file, site_packages)
+                                site_packages)
 
 # Mount points Debian-based images have, empty: this checkout and the controller's dependencies are bound there.
 CHECKOUT_MOUNT, DEPENDENCIES_MOUNT = "/media", "/srv"
@@ -40,7 +41,7 @@ def check_image(image: Path, python: str) -> dict:
     """Mount image + layer read-only, run the static smoke checks and ``patch check`` inside; their results."""
     image = Path(image).resolve()
     files = LayerFiles(image)
-    record = intact_layer(files, sha256_file(image))
+    record = intact_layer(files, file_sha256(image))
     if record is None:
         raise ImageTargetError(f"{files.layer}: no layer for these image bytes: run `python -m cdna2.images deploy "
                                f"{image}` first")

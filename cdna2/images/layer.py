@@ -15,7 +15,6 @@ is hashed before and after: it is never written.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2 import __version__
+from cdna2.host.digests import file_sha256
 from cdna2.host.environment import ROOT_STATE_DIR
 from cdna2.images import sif
 
@@ -75,14 +75,6 @@ class LayerFiles:
         return [path for path in (self.layer, self.record, self.wrapper) if path.exists()]
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def read_record(files: LayerFiles) -> dict | None:
     if not files.record.exists():
         return None
@@ -105,7 +97,7 @@ def intact_layer(files: LayerFiles, image_sha256: str) -> dict | None:
     if not files.layer.exists():
         raise ImageTargetError(f"{files.record}: records a layer that is gone ({files.layer}); run "
                                f"`python -m cdna2.images rollback {files.image}` to clear the record")
-    found = sha256_file(files.layer)
+    found = file_sha256(files.layer)
     if found != record["layer_sha256"]:
         raise ImageTargetError(f"{files.layer}: edited since it was written (SHA-256 {found[:16]}, recorded "
                                f"{record['layer_sha256'][:16]} in {files.record}); run `python -m cdna2.images "
@@ -395,14 +387,14 @@ def deploy(image: Path, dry: bool = False, wheels: Path | None = None, matrix: P
     image = Path(image).resolve()
     files = LayerFiles(image)
     sif.squashfs_root(image)  # refuses what is not a readable SIF before anything else
-    image_sha256 = sha256_file(image)
+    image_sha256 = file_sha256(image)
     record = intact_layer(files, image_sha256)
     epoch = sif.read_sif(image).modified or 1
     with tempfile.TemporaryDirectory(prefix="cdna2-image-") as scratch_name:
         scratch = Path(scratch_name)
         outcome = _deploy_in(image, files, record, dry, wheels, matrix, python, scratch, epoch, image_sha256,
                              progress)
-    if sha256_file(image) != image_sha256:
+    if file_sha256(image) != image_sha256:
         raise ImageTargetError(f"{image}: the image's bytes changed during the run: this tool never writes it; "
                                "something else did")
     outcome.image_sha256 = image_sha256
@@ -451,7 +443,7 @@ def _deploy_in(image: Path, files: LayerFiles, record: dict | None, dry: bool, w
         pin_record_times(attempt / "upper", epoch)
         strip_overlay_bookkeeping(attempt / "upper")
         pack_layer(attempt / "upper", packed, epoch)
-        layer_sha256 = sha256_file(packed)
+        layer_sha256 = file_sha256(packed)
         if record and record["layer_sha256"] == layer_sha256:
             return Outcome(str(image), "unchanged", "the same layer again", str(files.layer), layer_sha256,
                            files=changed, launch=record["launch"], deploy_output=output)

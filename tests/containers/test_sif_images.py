@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdna2.images.layer import LayerFiles, pack_layer, sha256_file
+from cdna2.host.digests import file_sha256
+from cdna2.images.layer import LayerFiles, pack_layer
 from lab import images, sif as lab_sif, wheelhouse
 from tests.lab.deploy_runner import REPO
 
@@ -37,7 +38,7 @@ def images_cli(*args: str, timeout: int = 1200, env: dict | None = None) -> tupl
 
 
 def listing(directory: Path) -> dict[str, str]:
-    return {path.name: sha256_file(path) for path in sorted(directory.iterdir())}
+    return {path.name: file_sha256(path) for path in sorted(directory.iterdir())}
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +68,7 @@ def image_copy(cached: Path, directory: Path) -> Path:
 @pytest.fixture(scope="session")
 def deployed(cached_image, wheel_options, tmp_path_factory) -> dict:
     image = image_copy(cached_image, tmp_path_factory.mktemp("sif-deploy"))
-    before = sha256_file(image)
+    before = file_sha256(image)
     status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
     assert status == 0, stderr[-5000:]
     return {**outcome, "sha256_before": before, "path": image}
@@ -76,7 +77,7 @@ def deployed(cached_image, wheel_options, tmp_path_factory) -> dict:
 def test_the_layer_holds_only_what_the_deploy_changed(deployed):
     files = LayerFiles(deployed["path"])
     assert deployed["status"] == "written" and files.layer.exists() and files.wrapper.exists()
-    assert sha256_file(files.layer) == deployed["layer_sha256"] == json.loads(files.record.read_text())["layer_sha256"]
+    assert file_sha256(files.layer) == deployed["layer_sha256"] == json.loads(files.record.read_text())["layer_sha256"]
     listed = subprocess.run(["unsquashfs", "-lln", "-d", "", str(files.layer)], capture_output=True, text=True,
                             check=True).stdout.splitlines()
     # "-rw-r--r-- 0/0 1234 2023-11-14 22:13 /path" (a whiteout: "crw-r--r-- 0/0 0, 0 ..."; a link: "... -> target")
@@ -158,7 +159,7 @@ def test_rollback_leaves_no_layer_and_a_new_deploy_writes_the_same_bytes(deploye
     status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
     assert status == 0 and outcome["status"] == "written", stderr[-3000:]
     assert outcome["layer_sha256"] == deployed["layer_sha256"]  # reproducible: same image, same tool, same bytes
-    assert sha256_file(image) == deployed["sha256_before"] == outcome["image_sha256"]
+    assert file_sha256(image) == deployed["sha256_before"] == outcome["image_sha256"]
 
 
 def test_a_dry_run_shows_the_diffs_and_writes_nothing(cached_image, wheel_options, tmp_path):
@@ -204,7 +205,7 @@ def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(ca
     # LUMI's current images have no AITER: the wheels step installs the matrix's amd-aiter and triton 3.7.1 into
     # the layer, and a second run inside the same root translates and patches it.
     image = image_copy(lab_sif.venv_sif(with_aiter=False), tmp_path)
-    before = sha256_file(image)
+    before = file_sha256(image)
     status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
     assert status == 0 and outcome["status"] == "written", stderr[-3000:]
     site = "opt/venv/lib/python3.11/site-packages/"
@@ -213,7 +214,7 @@ def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(ca
     assert len([name for name in outcome["files"] if "/hsa/gfx90a/" in name and name.endswith(".co")]) == 178
     status, result, stderr = images_cli("check", str(image))
     assert status == 0 and result["status"] == "ok", stderr[-3000:]
-    assert sha256_file(image) == before
+    assert file_sha256(image) == before
 
 
 def test_an_image_whose_rocm_the_matrix_does_not_cover_is_refused_by_name(cached_image, tmp_path):

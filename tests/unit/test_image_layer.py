@@ -9,7 +9,8 @@ import subprocess
 
 import pytest
 
-from cdna2.images.layer import (ImageTargetError, LayerFiles, intact_layer, place, prune_scratch, sha256_file,
+from cdna2.host.digests import file_sha256
+from cdna2.images.layer import (ImageTargetError, LayerFiles, intact_layer, place, prune_scratch,
                                 strip_overlay_bookkeeping)
 
 
@@ -31,23 +32,23 @@ def written(tmp_path) -> LayerFiles:
     files = LayerFiles(tmp_path / "vllm.sif")
     files.image.write_bytes(b"image")
     files.layer.write_bytes(b"layer")
-    files.record.write_text(json.dumps({"image_sha256": sha256_file(files.image),
-                                        "layer_sha256": sha256_file(files.layer)}))
+    files.record.write_text(json.dumps({"image_sha256": file_sha256(files.image),
+                                        "layer_sha256": file_sha256(files.layer)}))
     return files
 
 
 def test_an_intact_layer_is_recognised_and_one_for_other_image_bytes_is_stale(written):
-    assert intact_layer(written, sha256_file(written.image))["layer_sha256"] == sha256_file(written.layer)
+    assert intact_layer(written, file_sha256(written.image))["layer_sha256"] == file_sha256(written.layer)
     assert intact_layer(written, "0" * 64) is None
 
 
 def test_a_layer_edited_by_hand_or_without_its_record_is_refused_by_name(written):
     written.layer.write_bytes(b"edited")
     with pytest.raises(ImageTargetError, match=f"^{written.layer}: edited since it was written"):
-        intact_layer(written, sha256_file(written.image))
+        intact_layer(written, file_sha256(written.image))
     written.record.unlink()
     with pytest.raises(ImageTargetError, match=f"^{written.layer}: a layer with no record"):
-        intact_layer(written, sha256_file(written.image))
+        intact_layer(written, file_sha256(written.image))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs: needs root")
