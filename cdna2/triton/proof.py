@@ -308,8 +308,9 @@ def prove(site_packages: Path, triton_version: str, host: str | None = None, pro
     host = host or rules["default_host"]
     if host not in rules["hosts"]:
         raise ProofError(f"host {host!r} is not in cdna2/data/{RULES_FILE} (hosts: {', '.join(rules['hosts'])})")
+    code = code_digest((*recipes.MODULES, worker, sys.modules[__name__]))
     key = hashlib.sha256("\0".join([triton_version, tree_digest(site_packages), host, rules_text(),
-                                    code_digest((recipes, worker, sys.modules[__name__]))]).encode()).hexdigest()[:24]
+                                    code]).encode()).hexdigest()[:24]
     cached = cache_root() / "triton-proofs" / f"{key}.json"
     with cache_lock(f"triton-proof-{key}"):
         if cached.exists():

@@ -83,8 +83,8 @@ def test_shipped_configs_compile_on_other_releases(aiter_git_dir, ref):
     tree = coverage.aiter_triton_tree(aiter_git_dir, ref)
     gemm = json.loads((DATA / "0.1.16-main" / proof.CONFIGS / "gemm/gfx90a-GEMM-A16W16.json").read_text())
     mha = json.loads((DATA / "0.1.16-main" / proof.CONFIGS / "gfx90a-MHA-DEFAULT.json").read_text())
-    requests = [{**recipes.gemm_a16w16(gemm["any"], "any", None)[0][1], "id": "gemm any"}]
-    requests += [{**recipes.mha_fwd(config, key, None)[0][1], "id": f"mha {key}"} for key, config in mha["fwd"].items()]
+    requests = [{**recipes.gemm.gemm_a16w16(gemm["any"], "any", None)[0][1], "id": "gemm any"}]
+    requests += [{**recipes.attention.mha_fwd(config, key, None)[0][1], "id": f"mha {key}"} for key, config in mha["fwd"].items()]
     results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
     assert len(results) == 5
     for name, result in results.items():
