@@ -2,7 +2,7 @@
 
 vLLM looks a config up by file name in ``vllm/model_executor/layers/quantization/utils/configs/``
 (``N=4096,K=5120,device_name=AMD_Instinct_MI210,dtype=fp8_w8a8,block_shape=[128,128].json``) and warns "Using
-default W8A8 Block FP8 kernel config" without one (field-notes 4.5, 9). Each file here must have that name, for
+default W8A8 Block FP8 kernel config" without one. Each file here must have that name, for
 the MI210 (vLLM's device name ``AMD_Instinct_MI210``), and the JSON shape vLLM passes to its Triton kernel
 (``cdna2/schemas/fp8-block-config-1.0.json``), with tiles that divide by the block shape as vLLM requires.
 

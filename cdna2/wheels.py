@@ -4,7 +4,7 @@ The wheel matrix (cdna2/data/wheel-matrix.yaml, validated against cdna2/schemas/
 ROCm version, which wheels match and where they come from. ``plan_wheels`` compares it with the host probe's
 installed distributions and returns the pip commands, as argv lists, that close the gap, in order: torch,
 amd-aiter, vLLM, and triton last. triton is installed last because installing the others can replace it, and
-triton 3.7.0 dies with SIGSEGV on AITER's import path (field-notes 2.2).
+triton 3.7.0 dies with SIGSEGV on AITER's import path.
 
 Every pip command runs with ``PIP_CONFIG_FILE=/dev/null`` and ``--isolated``, so the host's pip configuration
 (find-links, extra indexes, constraints) cannot add sources: a wheel comes from the plan's index or mirror only.

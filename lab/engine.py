@@ -1,7 +1,7 @@
 """A container engine of the lab's own: a ``dockerd`` that changes nothing on the machine it runs on.
 
 Started with its own data, exec and socket paths under the cdna2 cache, without a bridge, firewall rules, IP
-forwarding or masquerading (lab-notes.md: the default settings create a bridge on a private range and change the
+forwarding or masquerading (the default settings create a bridge on a private range and change the
 host's forwarding and firewall). Containers then get loopback networking only. Each checkout (``CDNA2_LAB_NET``)
 has its own daemon directory, so checkouts side by side never share or stop each other's daemon. Stopped by the pid
 it wrote.

@@ -53,7 +53,7 @@ def ensure_client_key(paths: LabPaths) -> None:
 
 
 def ensure_controller_paths() -> None:
-    """sshd's privilege-separation directory, and mount points for the hosts' binds (never removed: lab-notes)."""
+    """sshd's privilege-separation directory, and mount points for the hosts' binds (never removed: another lab's hosts may still be bound there)."""
     Path("/run/sshd").mkdir(mode=0o755, parents=True, exist_ok=True)
     for mount_point in (*HOST_BINDS, USER_WHEELS):
         Path(mount_point).mkdir(parents=True, exist_ok=True)

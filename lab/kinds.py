@@ -42,7 +42,7 @@ class Gpu:
 MI210 = Gpu(
     arch="gfx90a", marketing_name="AMD Instinct MI210", compute_units=104, chip_id=0x740F, l2_kb=8192,
     max_clock_mhz=1700, shader_engines=8, vram_kb=67092480,
-    # Two cards at PCIe 87:00.0 and C3:00.0, as on the reference MI210 box (field-notes.md, device order).
+    # Two cards at PCIe 87:00.0 and C3:00.0, as on the reference MI210 box (in its device order).
     bdfids=(0x8700, 0xC300),
 )
 MI300X = Gpu(

@@ -20,7 +20,7 @@ from lab import wheelhouse
 # The CPU build lies on this machine's disk (pip's find-links); naming the local version keeps pip from ever choosing
 # the multi-GB CUDA build of the same release from the index.
 TORCH_REQUIREMENT = "torch==2.13.0+cpu"
-# The triton vLLM is deployed with (field-notes 2.2); its wheel comes from the project's wheelhouse.
+# The triton vLLM is deployed with (3.7.1: 3.7.0 crashes on AITER's import path); its wheel comes from the project's wheelhouse.
 TRITON_REQUIREMENT = wheelhouse.TRITON_PINNED
 # What `import vllm` and vllm/platforms/rocm.py import before anything else (vLLM's wheels are unpacked with no deps),
 # and pydantic, which vllm.config is built on: attention backend selection reads the current VllmConfig.

@@ -68,7 +68,7 @@ def test_host_answers_as_itself_over_ssh(lab, index):
     assert lines[0] == host["name"]
     assert lines[1] == host["rocm_version"]
     rocminfo = "\n".join(lines[2:-2])
-    # aiter's get_gfx takes the first "gfx..." word of rocminfo's output (upstream-sources.md).
+    # aiter's get_gfx takes the first "gfx..." word of rocminfo's output (aiter/jit/utils/chip_info.py).
     assert re.search(r"\b(gfx\w+)\b", rocminfo).group(1) == host["arch"]
     gpu_agents = rocminfo.count("Device Type:             GPU")
     assert gpu_agents == host["gpu_count"] == len(kind.gpu.bdfids)

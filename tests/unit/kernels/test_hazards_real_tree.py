@@ -9,7 +9,7 @@ import pytest
 from cdna2.host import manifest
 from cdna2.kernels import Policy, batching, engine, hazard_rules, hazards, llvm, translate_tree, workers
 
-# Measured with LLVM 22.1.8, audit version 1 (docs: mfma-hazards.md section 4).
+# Measured with LLVM 22.1.8, audit version 1 (the rules: LLVM's GCNHazardRecognizer).
 STRAIGHT_LINE_SHORT = sorted(
     [f"fmha_v3_bwd/bwd_hd192_{dtype}{mask}_a32{rtz}_psskddv{group}.co"
      for dtype, rtz in (("bf16", "_rtz"), ("fp16", "")) for mask in ("", "_causal", "_causal_br")

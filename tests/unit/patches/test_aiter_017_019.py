@@ -1,4 +1,4 @@
-"""AITER 0.1.17 / 0.1.19 sets on the exact anchor lines of field-notes.md section 12 (no real tree exists here).
+"""AITER 0.1.17 / 0.1.19 sets on the exact anchor lines those tags hold (no real tree exists here).
 
 The fixture files hold those lines, verbatim, between filler, plus the look-alike lines the notes warn about
 (the two is_fmha_v3_fp8 `ret` lines, the INT8 branch of gemm_a8w8 with the same TORCH_CHECK line).

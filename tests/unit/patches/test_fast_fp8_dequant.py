@@ -1,4 +1,4 @@
-"""The optional vllm-fast-fp8-dequant set (field-notes 4.5), on the real vLLM 0.23.0, 0.26.0 and 0.33.0 files.
+"""The optional vllm-fast-fp8-dequant set, on the real vLLM 0.23.0, 0.26.0 and 0.33.0 files.
 
 Engine level: plan, apply (cdna2.host.txn), check and revert round-trip byte-identically, the patched file compiles,
 the set adds lines and changes none, an edited anchor is refused. Kernel level (slow): the PATCHED text, as the
@@ -169,7 +169,7 @@ def test_decode_is_bit_exact_on_every_non_nan_byte(interpreted):
     assert decode["non_nan_bytes"] == 254
     assert decode["value_mismatches"] == [], "decoded * 256 must equal torch's e4m3fn value, bit for bit (-0 too)"
     assert decode["fp16_bit_mismatches"] == [], "the fp16 must be exactly 2**-8 times the e4m3fn value"
-    assert decode["nan_bytes"] == {"0x7f": 480.0, "0xff": -480.0}, "e4m3fn NaN bytes decode to +-480 (field-notes 4.5)"
+    assert decode["nan_bytes"] == {"0x7f": 480.0, "0xff": -480.0}, "e4m3fn NaN bytes decode to +-480"
     assert (decode["largest"], decode["smallest_nonzero"]) == (448.0, 2.0**-9)
 
 

@@ -51,7 +51,7 @@ def test_load_lines_reads_every_known_format() -> None:
         # amd-aiter 0.1.7.post2.dev18, aiter_hip_common.h AiterAsmKernel (std::cout, always)
         "[aiter] hipModuleLoad: /s/aiter_meta/hsa/gfx90a/pa/pa_bf16_noquant_gqa8_1tg_4w.co GetFunction: "
         "_ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE Success",
-        # later AITER, AITER_LOG_LEVEL=info (field-notes §6), double slash as logged
+        # later AITER, AITER_LOG_LEVEL=info, double slash as logged
         "[aiter] LoadKernel: _ZN5aiter27pa_bf16_noquant_gqa8_1tg_4wE hsaco: /s/aiter_meta/hsa//gfx90a/pa/x.co",
         # HIP API trace, AMD_LOG_LEVEL=3
         ":3:hip_module.cpp :58 : 1 us: [pid:1 tid:0x1]  hipModuleLoad ( 0x7ffd1, "

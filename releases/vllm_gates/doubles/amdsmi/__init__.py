@@ -7,7 +7,7 @@ vLLM's own code. Any amdsmi call not doubled here raises, so vLLM takes its own 
 
 import os
 
-# arch -> what amdsmi_get_gpu_asic_info reports for a card of that arch (field-notes 9: MI210 is 0x740f).
+# arch -> what amdsmi_get_gpu_asic_info reports for a card of that arch (an MI210 reports 0x740f).
 DEVICES = {
     "gfx90a": {"target_graphics_version": "gfx90a", "market_name": "AMD Instinct MI210", "device_id": "0x740f"},
     "gfx942": {"target_graphics_version": "gfx942", "market_name": "AMD Instinct MI300X", "device_id": "0x74a1"},
