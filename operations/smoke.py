@@ -29,7 +29,7 @@ def report_families(report: RunReport, host_name: str, families: dict | None) ->
     if families is None:
         return
     report.host(host_name).details["families"] = families
-    kept = [name for name, entry in families.items() if entry["verdict"] == "unproven" and "kept by" in entry["reason"]]
+    kept = [name for name, entry in families.items() if entry.get("kept_by_host_data")]
     if kept:
         report.host(host_name).notes.append(f"kernel families kept without proof (smoke_keep_unproven_families): "
                                             f"{', '.join(kept)}")

@@ -54,7 +54,8 @@ def installed_families(tree: Path, families: list[dict]) -> dict[str, list[str]]
 
 def judge(installed: dict[str, list[str]], checks: list[dict], families: list[dict], keep: list[str],
           not_run: str | None, withheld_before: dict[str, dict]) -> dict[str, dict]:
-    """Each family's verdict: ``{verdict, reason, kernels, checks}``.
+    """Each family's verdict: ``{verdict, reason, kernels, checks}``, and ``kept_by_host_data`` where a family no check
+    proves is installed because the host data keeps it.
 
     ``checks``: the smoke test's GPU check results; ``not_run``: why the GPU checks did not run on this host (every
     family is then unproven with it), None when they ran; ``withheld_before``: the families already withheld on
@@ -73,7 +74,7 @@ def judge(installed: dict[str, list[str]], checks: list[dict], families: list[di
             entry.update(verdict=UNPROVEN, reason=f"GPU checks did not run: {not_run}")
         elif not family["checks"]:
             kept = name in keep
-            entry.update(verdict=UNPROVEN if kept else WITHHELD,
+            entry.update(verdict=UNPROVEN if kept else WITHHELD, kept_by_host_data=kept,
                          reason=f"no GPU check proves it ({family['no_check']})"
                                 + (f"; kept by host data {KEEP_SETTING}" if kept else ""))
         else:

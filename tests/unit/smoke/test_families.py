@@ -17,6 +17,8 @@ from cdna2.host import digests, kernels, smoke_static, state
 from cdna2.host.families import (PROVEN, UNPROVEN, WITHHELD, family_of, installed_families, judge, verdict_line,
                                  withhold_on_host)
 from cdna2.plan import installed_kernel_digest
+from cdna2.reports.run import RunReport
+from operations.smoke import report_families
 from tests.unit.smoke.conftest import Host
 
 FAMILIES = host_families()
@@ -55,6 +57,13 @@ def test_host_data_keeps_a_family_without_a_check_but_never_one_whose_check_fail
     assert verdicts["all_reduce"]["verdict"] == UNPROVEN
     assert verdicts["all_reduce"]["reason"].endswith("kept by host data smoke_keep_unproven_families")
     assert verdicts["pa"]["verdict"] == WITHHELD
+    # The run report names the kept family from the verdict's flag, not from its wording.
+    report = RunReport("deploy", "inventory/sim.py")
+    report_families(report, "mi210-a", verdicts)
+    assert report.host("mi210-a").notes == [
+        "kernel families kept without proof (smoke_keep_unproven_families): all_reduce"]
+    report_families(report, "mi210-b", judge(installed, checks, FAMILIES, [], "no GPU", {}))
+    assert report.host("mi210-b").notes == []  # unproven because nothing ran, not kept
 
 
 def test_without_gpu_checks_every_family_is_unproven_with_the_reason(host: Host) -> None:
