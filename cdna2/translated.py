@@ -2,7 +2,8 @@
 
 The cache (``<cache>/kernels``) holds, per source digest (the probe's RECORD digest of ``hsa/gfx942``):
 ``sources/<digest>/gfx942`` the source tree, fetched once from a host that has it, and
-``translated/<digest>/<kernel policy>/`` the gfx90a tree with its translation report (policy: Policy.label);
+``translated/<digest>/<kernel policy>/<memo key>/`` the gfx90a tree with its translation report (policy:
+Policy.label; the key: what the result depends on, ``_memo_key``);
 plus ``archives/<output digest>.tar.gz``, the deterministic archive that hosts receive. Translation runs as
 ``python -m cdna2 translate`` in a child process, whose own cache makes a repeated translation of the same inputs
 cost no LLVM work.
@@ -159,10 +160,12 @@ def ensure_translation(cache: Path, source_digest: str, source: Path, policy: Po
 
 def _translation(cache: Path, source_digest: str, source: Path, policy: Policy,
                  progress: Callable[[str], None]) -> TranslatedTree:
-    out_dir = cache / "translated" / source_digest / policy.label
+    key = _memo_key(source_digest, policy)
+    # One slot per memo key: checkouts of different code sharing a cache each keep theirs, none re-translates
+    # because the other ran last.
+    out_dir = cache / "translated" / source_digest / policy.label / key[:16]
     out_dir.mkdir(parents=True, exist_ok=True)
     memo_path, report_path = out_dir / "tree.json", out_dir / "report.json"  # report.json: the engine's report
-    key = _memo_key(source_digest, policy)
     memo = json.loads(memo_path.read_text()) if memo_path.exists() else None
     if memo and memo["key"] == key and Path(memo["archive"]).is_file():
         progress(f"translated gfx942 tree {source_digest[:12]} taken from the controller cache")

@@ -13,6 +13,7 @@ from cdna2.__main__ import main as cdna2_main
 from cdna2.host import elf
 from cdna2.kernels import Policy, edits, engine, isa, llvm, translate_tree, workers, write_and_prove
 from cdna2.kernels.relocation_proof import Expected, prove
+from cdna2 import translated
 from cdna2.translated import ensure_translation
 
 # Offsets in .text (all instructions here are 4 or 8 bytes): 0 s_mov, 4 v_add (loop start), 8 s_sub, 0xc s_cmp,
@@ -264,7 +265,7 @@ def test_one_write_task_proves_both_kinds_from_one_objdump_run(build_code_object
     assert (staging / "loop.co").is_file()
 
 
-def test_the_deploy_translation_follows_the_hosts_int8_k32_split(build_code_object, tmp_path):
+def test_the_deploy_translation_follows_the_hosts_int8_k32_split(build_code_object, tmp_path, monkeypatch):
     src = tmp_path / "gfx942"
     build_code_object(src / "k32.co", K32)
     build_code_object(src / "plain.co", "v_mov_b32_e32 v0, v1")
@@ -274,3 +275,11 @@ def test_the_deploy_translation_follows_the_hosts_int8_k32_split(build_code_obje
     assert (off.kernels, on.kernels) == (1, 2)
     assert off.digest != on.digest and off.archive != on.archive
     assert ensure_translation(cache, "d" * 64, src, Policy()) == off, "each policy keeps its own cached translation"
+    # Another checkout's code (another memo key) sharing the cache gets its own slot: neither re-translates after it.
+    monkeypatch.setattr(translated, "MEMO_FORMAT", translated.MEMO_FORMAT + "-other-checkout")
+    ensure_translation(cache, "d" * 64, src, Policy())
+    monkeypatch.undo()
+    taken = []
+    assert ensure_translation(cache, "d" * 64, src, Policy(), progress=taken.append) == off
+    assert taken == [f"translated gfx942 tree {'d' * 12} taken from the controller cache"]
+
