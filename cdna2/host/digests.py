@@ -109,3 +109,22 @@ def tree_stat_signature(root: str | os.PathLike) -> tuple[str, int]:
                 relative = f"{relative_dir}/{file_name}" if relative_dir else file_name
                 lines.append(f"{relative},{stat.st_size},{stat.st_mtime_ns},{stat.st_ctime_ns},{stat.st_ino}\n")
     return hashlib.sha256("".join(sorted(lines)).encode("utf-8")).hexdigest(), len(lines)
+
+
+TRITON_SOURCES = "aiter/ops/triton"  # AITER's Triton package under site-packages: what the Triton compile proof reads
+
+
+def triton_sources_digest(site_packages: str | os.PathLike) -> str | None:
+    """sha256 over AITER's Triton sources and configs (every ``*.py`` and ``*.json`` under ``aiter/ops/triton``:
+    path, then bytes), in path order; None where there is no such directory. The probe reports it for a host whose
+    data enables the aiter-triton-gfx90a set, and the controller's compile proof is keyed by it
+    (cdna2.triton.proof)."""
+    root = os.path.join(site_packages, TRITON_SOURCES)
+    if not os.path.isdir(root):
+        return None
+    found = sorted((relative.split("/"), path) for relative, path in regular_files(root)
+                   if relative.endswith((".py", ".json")))
+    digest = hashlib.sha256()
+    for parts, path in found:
+        digest.update("/".join(parts).encode() + b"\0" + read_bytes(path) + b"\0")
+    return digest.hexdigest()

@@ -499,3 +499,19 @@ def test_record_entries_keeps_only_its_last_answers() -> None:
                                                                 for i in range(len(records))]
     assert len(distributions._RECORD_ENTRIES) == distributions._RECORD_ENTRIES_KEPT
     assert (records[-1], ("",)) in distributions._RECORD_ENTRIES and (records[0], ("",)) not in distributions._RECORD_ENTRIES
+
+
+def test_the_aiter_triton_sources_digest_is_read_only_when_asked(host_root: Path) -> None:
+    triton = host_root / "site-packages" / "aiter" / "ops" / "triton"
+    (triton / "configs" / "gemm").mkdir(parents=True)
+    (triton / "__pycache__").mkdir()
+    (triton / "gemm_a16w16.py").write_text("KERNEL = 1\n")
+    (triton / "configs" / "gemm" / "gfx942-GEMM-A16W16.json").write_text('{"any": {}}\n')
+    (triton / "__pycache__" / "gemm_a16w16.cpython-311.pyc").write_bytes(b"\0bytecode")
+    assert run_probe(host_root)["triton_sources"] is None
+    found = run_probe(host_root, triton_sources=True)["triton_sources"]
+    assert found == digests.triton_sources_digest(host_root / "site-packages") and len(found) == 64
+    (triton / "__pycache__" / "gemm_a16w16.cpython-311.pyc").write_bytes(b"\0other bytecode")
+    assert run_probe(host_root, triton_sources=True)["triton_sources"] == found  # bytecode is not the source
+    (triton / "configs" / "gemm" / "gfx942-GEMM-A16W16.json").write_text('{"any": {"BLOCK_SIZE_M": 64}}\n')
+    assert run_probe(host_root, triton_sources=True)["triton_sources"] != found
