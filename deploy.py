@@ -123,10 +123,11 @@ patch_plans = {} if env_error or skip_patches else {
     if found is not None and package not in reinstalled}
 patch_error = "; ".join(f"patches {package}: {'; '.join(plan.reasons)}" for package, plan in patch_plans.items()
                         if plan_step_status(plan.status) == FAILED) or None
-# A set requiring one of another package (vLLM's Triton gate, AITER's Triton configs) needs both in host data.
+# A set requiring one of another package (vLLM's Triton gate, AITER's Triton configs) needs both in host data, on a
+# host whose packages are patched.
 requires_error = "; ".join(f"optional_patch_sets: {unmet}: add it to this host's optional_patch_sets, or remove the "
                            f"set that requires it" for unmet in catalog.unmet_requirements(data.optional_patch_sets)
-                           ) or None
+                           if patch_plans) or None
 # AITER's Triton configs hold for the host's own Triton tree and triton where the controller's compile proof of that
 # tree (once per distinct tree and triton per run; committed or cached where it can be) derives exactly them.
 triton_proof, triton_error = triton_proof_or_refusal(host, probe, catalog, patch_plans.get("amd-aiter"), requirements)

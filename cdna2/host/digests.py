@@ -114,17 +114,21 @@ def tree_stat_signature(root: str | os.PathLike) -> tuple[str, int]:
 TRITON_SOURCES = "aiter/ops/triton"  # AITER's Triton package under site-packages: what the Triton compile proof reads
 
 
+def is_triton_source(relative: str) -> bool:
+    return relative.endswith((".py", ".json"))
+
+
 def triton_sources_digest(site_packages: str | os.PathLike) -> str | None:
-    """sha256 over AITER's Triton sources and configs (every ``*.py`` and ``*.json`` under ``aiter/ops/triton``:
-    path, then bytes), in path order; None where there is no such directory. The probe reports it for a host whose
-    data enables the aiter-triton-gfx90a set, and the controller's compile proof is keyed by it
-    (cdna2.triton.proof)."""
+    """Digest (as ``tree_digest``: RECORD-style lines) of AITER's Triton sources and configs, every ``*.py`` and
+    ``*.json`` under ``aiter/ops/triton``, read from disk; None where there is no such directory. For a tree
+    installed from a wheel it equals ``record_triton_digest`` of its RECORD, which the probe reports: the
+    controller's compile proof is keyed by it (cdna2.triton.proof)."""
     root = os.path.join(site_packages, TRITON_SOURCES)
     if not os.path.isdir(root):
         return None
-    found = sorted((relative.split("/"), path) for relative, path in regular_files(root)
-                   if relative.endswith((".py", ".json")))
-    digest = hashlib.sha256()
-    for parts, path in found:
-        digest.update("/".join(parts).encode() + b"\0" + read_bytes(path) + b"\0")
-    return digest.hexdigest()
+    entries = []
+    for relative, path in regular_files(root, skip_dirs=("__pycache__",)):
+        if is_triton_source(relative):
+            data = read_bytes(path)
+            entries.append((relative, record_hash(data), str(len(data))))
+    return digest_of_entries(entries)

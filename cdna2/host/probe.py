@@ -32,7 +32,7 @@ from cdna2.host.gpus import KFD_TOPOLOGY, PCI_DEVICES, read_gpus, read_rocm
 from cdna2.host.jsontext import json_dumps, json_loads
 from cdna2.host.shared_env import node_view, read_identity, shared_state_dir
 
-PROBE_FORMAT = 3
+PROBE_FORMAT = 4  # 4: AITER's record facts carry triton_sources
 SHARED_SOURCE = "the shared environment"
 
 
@@ -81,8 +81,9 @@ def probe(options: dict) -> dict:
     optional kfd_topology, pci_devices, patch_files {package: [paths]}, known_contents [hashes the controller holds
     the bytes of], record_memo {package: {stat, facts}} (the ``record_facts`` of the last probe of this host,
     reused while the RECORD's stat is the same), record_check [packages] (compare those distributions' files with
-    their RECORD: reads every file, and the kernel tree too, whatever any stat says), triton_sources (the digest of
-    AITER's Triton sources, which the controller's compile proof is keyed by: reads every one of them)."""
+    their RECORD: reads every file, and the kernel tree too, whatever any stat says), triton_sources (the digest of a
+    develop checkout's AITER Triton sources, which the controller's compile proof is keyed by, read from its files;
+    an installed wheel's comes from its RECORD on every probe)."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
@@ -131,9 +132,11 @@ def probe(options: dict) -> dict:
         "distributions": distributions,
         "aiter": aiter,
         "patch_targets": patch_targets,
-        # None unless asked for (host data enables the aiter-triton-gfx90a set), or where AITER has no Triton package.
+        # The digest of AITER's Triton sources (None: no Triton package): as its RECORD promises them; of a develop
+        # checkout, read from its files where asked (host data enables the aiter-triton-gfx90a set).
         "triton_sources": (triton_sources_digest(distributions["amd-aiter"]["location"])
-                           if options.get("triton_sources") and distributions.get("amd-aiter") else None),
+                           if develop and options.get("triton_sources")
+                           else (facts.get("amd-aiter") or {}).get("triton_sources")),
         "record_facts": {package: {"stat": stats[package], "facts": facts[package], "reused": package in reused}
                          for package in stats},
         "state": state,

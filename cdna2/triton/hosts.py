@@ -35,9 +35,10 @@ def triton_after(installed: str | None, requirements: list[str]) -> str | None:
 
 def proven_tree(triton_version: str, digest: str, fetch: Callable[[Path], None],
                 progress: Callable[[str], None] = lambda line: None) -> dict:
-    """The proof of the AITER Triton tree with ``digest`` for ``triton_version`` and the rules' default host profile:
-    committed or cached (no fetch, no compile), else ``fetch(archive)`` (a tar.gz of ``aiter/ops/triton``), checked
-    against ``digest``, and proven. Raises ProofError or ToolchainError (no triton venv can be made)."""
+    """The proof of the AITER Triton tree with ``digest`` (as the probe reports it: the RECORD's, or a develop
+    checkout's files) for ``triton_version`` and the rules' default host profile: committed or cached (no fetch, no
+    compile), else ``fetch(archive)`` (a tar.gz of ``aiter/ops/triton``), checked against ``digest``, and proven.
+    Raises ProofError or ToolchainError (no triton venv can be made)."""
     host = load_rules()["default_host"]
     found = known_proof(triton_version, digest, host)
     if found is not None:
@@ -63,7 +64,9 @@ def fetched_tree(digest: str, fetch: Callable[[Path], None]) -> Path:
             if found != digest:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise ProofError(f"the Triton sources fetched for tree {digest[:12]} have digest "
-                                 f"{(found or 'none')[:12]}: they changed on the host since the probe; run again")
+                                 f"{(found or 'none')[:12]}: aiter/ops/triton on the host differs from what its RECORD "
+                                 f"lists (edited or patched: this set's files are proven on the pristine tree); "
+                                 f"reinstall amd-aiter there or roll it back (rollback.py), then run again")
             (staging / ".complete").touch()
             shutil.rmtree(tree, ignore_errors=True)
             staging.rename(tree)

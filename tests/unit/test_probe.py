@@ -501,17 +501,20 @@ def test_record_entries_keeps_only_its_last_answers() -> None:
     assert (records[-1], ("",)) in distributions._RECORD_ENTRIES and (records[0], ("",)) not in distributions._RECORD_ENTRIES
 
 
-def test_the_aiter_triton_sources_digest_is_read_only_when_asked(host_root: Path) -> None:
-    triton = host_root / "site-packages" / "aiter" / "ops" / "triton"
-    (triton / "configs" / "gemm").mkdir(parents=True)
-    (triton / "__pycache__").mkdir()
-    (triton / "gemm_a16w16.py").write_text("KERNEL = 1\n")
-    (triton / "configs" / "gemm" / "gfx942-GEMM-A16W16.json").write_text('{"any": {}}\n')
-    (triton / "__pycache__" / "gemm_a16w16.cpython-311.pyc").write_bytes(b"\0bytecode")
-    assert run_probe(host_root)["triton_sources"] is None
-    found = run_probe(host_root, triton_sources=True)["triton_sources"]
-    assert found == digests.triton_sources_digest(host_root / "site-packages") and len(found) == 64
-    (triton / "__pycache__" / "gemm_a16w16.cpython-311.pyc").write_bytes(b"\0other bytecode")
-    assert run_probe(host_root, triton_sources=True)["triton_sources"] == found  # bytecode is not the source
-    (triton / "configs" / "gemm" / "gfx942-GEMM-A16W16.json").write_text('{"any": {"BLOCK_SIZE_M": 64}}\n')
-    assert run_probe(host_root, triton_sources=True)["triton_sources"] != found
+def test_the_aiter_triton_sources_digest_is_the_records_whatever_was_patched_since(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    write_distribution(site, "amd-aiter", "0.1.7.post2.dev18", {
+        "aiter/__init__.py": b"",
+        "aiter_meta/hsa/gfx942/pa/pa_a.co": b"\x7fELF-a",
+        "aiter/ops/triton/gemm_a16w16.py": b"KERNEL = 1\n",
+        "aiter/ops/triton/configs/gemm/gfx942-GEMM-A16W16.json": b'{"any": {}}\n',
+        "aiter/ops/triton/README.md": b"not a source\n",
+    })
+    (tmp_path / "rocm").mkdir()
+    pristine = digests.triton_sources_digest(site)
+    assert run_probe(tmp_path)["triton_sources"] == pristine and len(pristine) == 64
+    # Patched and added to by the aiter-triton-gfx90a set: the RECORD, and so the digest, is the wheel's.
+    (site / "aiter/ops/triton/gemm_a16w16.py").write_text("KERNEL = 2  # patched\n")
+    (site / "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json").write_text('{"any": {}}\n')
+    assert run_probe(tmp_path)["triton_sources"] == pristine
+    assert digests.triton_sources_digest(site) != pristine
