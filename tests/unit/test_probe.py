@@ -501,20 +501,19 @@ def test_record_entries_keeps_only_its_last_answers() -> None:
     assert (records[-1], ("",)) in distributions._RECORD_ENTRIES and (records[0], ("",)) not in distributions._RECORD_ENTRIES
 
 
-def test_the_aiter_triton_sources_digest_is_the_records_whatever_was_patched_since(tmp_path: Path) -> None:
-    site = tmp_path / "site-packages"
-    write_distribution(site, "amd-aiter", "0.1.7.post2.dev18", {
-        "aiter/__init__.py": b"",
-        "aiter_meta/hsa/gfx942/pa/pa_a.co": b"\x7fELF-a",
-        "aiter/ops/triton/gemm_a16w16.py": b"KERNEL = 1\n",
-        "aiter/ops/triton/configs/gemm/gfx942-GEMM-A16W16.json": b'{"any": {}}\n',
-        "aiter/ops/triton/README.md": b"not a source\n",
-    })
-    (tmp_path / "rocm").mkdir()
+def test_the_aiter_triton_sources_digest_is_the_records_whatever_was_patched_since(host_root: Path) -> None:
+    site = host_root / "site-packages"
+    assert run_probe(host_root)["triton_sources"] is None, "this AITER's RECORD lists no Triton sources"
+    record = site / "amd_aiter-0.1.7.post2.dev18.dist-info" / "RECORD"
+    for relative, data in (("gemm_a16w16.py", b"KERNEL = 1\n"), ("configs/gemm/gfx942-GEMM-A16W16.json", b"{}\n"),
+                           ("README.md", b"not a source\n")):
+        (site / "aiter/ops/triton" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (site / "aiter/ops/triton" / relative).write_bytes(data)
+        record.write_text(f"aiter/ops/triton/{relative},{digests.record_hash(data)},{len(data)}\n{record.read_text()}")
     pristine = digests.triton_sources_digest(site)
-    assert run_probe(tmp_path)["triton_sources"] == pristine and len(pristine) == 64
+    assert run_probe(host_root)["triton_sources"] == pristine and len(pristine) == 64
     # Patched and added to by the aiter-triton-gfx90a set: the RECORD, and so the digest, is the wheel's.
     (site / "aiter/ops/triton/gemm_a16w16.py").write_text("KERNEL = 2  # patched\n")
-    (site / "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json").write_text('{"any": {}}\n')
-    assert run_probe(tmp_path)["triton_sources"] == pristine
+    (site / "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json").write_text("{}\n")
+    assert run_probe(host_root)["triton_sources"] == pristine
     assert digests.triton_sources_digest(site) != pristine
