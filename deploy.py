@@ -33,6 +33,7 @@ from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.reports.run import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
 from cdna2.shared_environments import CHECKER, WRITER, checker_expectation, role_summary, shared_environment_refusal
+from cdna2.triton.hosts import SET as TRITON_SET
 from cdna2.wheels import WheelPlanError
 from operations.agent import RUN, agent_installed, current_agent_bundle
 from operations.bench import BenchRecorder, benchmarked
@@ -46,6 +47,7 @@ from operations.report import RunRecorder
 from operations.shared import environment_checked, environment_claimed
 from operations.smoke import recorded_proof, report_families, reused_proof_summary, smoke_passed
 from operations.state import record_needed, recorded
+from operations.triton import triton_proof_or_refusal
 from operations.wheels import packages as wheel_packages
 
 report = RunRecorder.install(state, mode="deploy").report
@@ -65,7 +67,8 @@ probe = probe_announced(inventory, host.name, lambda: host_probe(
     host, data.state_dir, target_python=data.target_python, rocm_root=data.rocm_root,
     patch_files=with_config_targets({package: catalog.target_files(package) for package in catalog.packages()},
                                     fp8_configs),
-    known_contents=known_hashes(), record_memo=record_memo(host.name)))
+    known_contents=known_hashes(), record_memo=record_memo(host.name),
+    triton_sources=TRITON_SET in data.optional_patch_sets))
 remember_records(host.name, probe)
 # The tool's directory on this host: host data's state_dir, else the login's default the probe found there
 # (/var/lib/cdna2 for root, the XDG state directory of an unprivileged login); for a shared_environment host, the
@@ -120,8 +123,17 @@ patch_plans = {} if env_error or skip_patches else {
     if found is not None and package not in reinstalled}
 patch_error = "; ".join(f"patches {package}: {'; '.join(plan.reasons)}" for package, plan in patch_plans.items()
                         if plan_step_status(plan.status) == FAILED) or None
-problem = (env_error or write_error or shared_error or arch_refusal or release_error or patch_error or wheel_error
-           or translation_error or space_error or keep_refusal(data.smoke_keep_unproven_families))
+# A set requiring one of another package (vLLM's Triton gate, AITER's Triton configs) needs both in host data, on a
+# host whose packages are patched.
+requires_error = "; ".join(f"optional_patch_sets: {unmet}: add it to this host's optional_patch_sets, or remove the "
+                           f"set that requires it" for unmet in catalog.unmet_requirements(data.optional_patch_sets)
+                           if patch_plans) or None
+# AITER's Triton configs hold for the host's own Triton tree and triton where the controller's compile proof of that
+# tree (once per distinct tree and triton per run; committed or cached where it can be) derives exactly them.
+triton_proof, triton_error = triton_proof_or_refusal(host, probe, catalog, patch_plans.get("amd-aiter"), requirements)
+problem = (env_error or write_error or shared_error or arch_refusal or release_error or requires_error or patch_error
+           or triton_error or wheel_error or translation_error or space_error
+           or keep_refusal(data.smoke_keep_unproven_families))
 
 if problem:
     report.step(host.name, "preflight", FAILED, problem)
@@ -205,6 +217,9 @@ else:
             continue
         plan = patch_plans[package]
         report.host(host.name).details[step] = plan.to_json()
+        if package == "amd-aiter" and triton_proof:
+            report.host(host.name).details["triton proof"] = {
+                key: triton_proof[key] for key in ("triton", "tree_digest", "host", "source", "seconds")}
         patch_sets[package] = plan.sets
         status = plan_step_status(plan.status)
         report.step(host.name, step, status, ", ".join(f"{name} (variant {plan.variants[name]})" for name in plan.sets)

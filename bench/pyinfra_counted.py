@@ -138,7 +138,7 @@ def instrument_kernels(counts: Counts) -> None:
     sys.path.insert(0, os.getcwd())  # the measured checkout, the one pyinfra loads deploy.py from
     from operations import kernels
 
-    ensure_translation, fetch_gfx942_tree = kernels.ensure_translation, kernels.fetch_gfx942_tree
+    ensure_translation, fetch_directory = kernels.ensure_translation, kernels.fetch_directory
 
     def counted_ensure_translation(cache, source_digest, *args, **kwargs):
         started = time.monotonic()
@@ -148,10 +148,10 @@ def instrument_kernels(counts: Counts) -> None:
 
     def counted_fetch(source_host, *args, **kwargs):
         counts.source_fetches.append(source_host.name)
-        return fetch_gfx942_tree(source_host, *args, **kwargs)
+        return fetch_directory(source_host, *args, **kwargs)
 
     kernels.ensure_translation = counted_ensure_translation
-    kernels.fetch_gfx942_tree = counted_fetch
+    kernels.fetch_directory = counted_fetch
 
 
 def main() -> int:

@@ -35,11 +35,12 @@ class HostProbe(FactBase[dict]):
     def command(self, target_python: str, rocm_root: str, state_dir: str | None, agent_dir: str | None,
                 patch_files: dict[str, list[str]] | None = None, record_check: list[str] | None = None,
                 known_contents: list[str] | None = None, record_memo: dict | None = None, sudo: bool = False,
-                sudo_user: str | None = None, shared_environment: bool = False) -> StringCommand:
+                sudo_user: str | None = None, shared_environment: bool = False,
+                triton_sources: bool = False) -> StringCommand:
         # known_contents, record_memo: what the controller holds already (cdna2/patches/contents.py,
         # cdna2/probe_memo.py), so a host that has not changed sends no file bytes and reads no RECORD.
         options = json.dumps({"target_python": target_python, "rocm_root": rocm_root, "state_dir": state_dir,
-                              "shared_environment": shared_environment,
+                              "shared_environment": shared_environment, "triton_sources": triton_sources,
                               "patch_files": patch_files or {},
                               "record_check": record_check or [], "known_contents": known_contents or [],
                               "record_memo": record_memo or {}}, sort_keys=True)

@@ -31,28 +31,32 @@ MISSING_DIRECTORIES = ('d=$1; missing=; while [ ! -e "$d" ]; do missing="$d $mis
                        'mkdir -p "$1" && echo "missing:$missing"')
 
 
-def fetch_gfx942_tree(source_host: Host, hsa_root: str, archive: Path, state_dir: str) -> None:
-    """Copy ``<hsa_root>/gfx942`` from ``source_host`` into a local archive, through a temporary file in the host's
-    ``<state_dir>/staging`` (the only place outside the environment the run writes), removed afterwards with any
-    directory made for it."""
+class FetchError(RuntimeError):
+    pass
+
+
+def fetch_directory(source_host: Host, parent: str, name: str, archive: Path, state_dir: str) -> None:
+    """Copy ``<parent>/<name>`` (without bytecode caches) from ``source_host`` into a local archive, through a
+    temporary file in the host's ``<state_dir>/staging`` (the only place outside the environment the run writes),
+    removed afterwards with any directory made for it."""
     staging = f"{state_dir}/staging"
     made, output = source_host.run_shell_command(StringCommand(
         "sh", "-c", QuoteString(MISSING_DIRECTORIES), "sh", QuoteString(staging), "&&",
-        "mktemp", "-p", QuoteString(staging), "cdna2-gfx942.XXXXXX"))
+        "mktemp", "-p", QuoteString(staging), f"cdna2-{name.rsplit('/', 1)[-1]}.XXXXXX"))
     if not made:
-        raise KernelSourceError(f"{source_host.name}: cannot create a temporary file in {staging}: {output.stderr}")
+        raise FetchError(f"{source_host.name}: cannot create a temporary file in {staging}: {output.stderr}")
     lines = output.stdout.strip().splitlines()
     created, remote = lines[0].removeprefix("missing:").split(), lines[-1].strip()
     try:
         # Exit 1 is tar's "file changed as we read it": a link count or ctime moved under it (hard-linked
-        # installs), not the content, which ensure_source checks against the RECORD digest anyway.
+        # installs), not the content, which the caller checks against the digest the probe reported anyway.
         packed, output = source_host.run_shell_command(
             StringCommand("tar", "--warning=no-file-changed", "--exclude=__pycache__", "-czf", QuoteString(remote),
-                          "-C", QuoteString(hsa_root), "gfx942"), _success_exit_codes=[0, 1])
+                          "-C", QuoteString(parent), QuoteString(name)), _success_exit_codes=[0, 1])
         if not packed:
-            raise KernelSourceError(f"{source_host.name}: tar of {hsa_root}/gfx942 failed: {output.stderr}")
+            raise FetchError(f"{source_host.name}: tar of {parent}/{name} failed: {output.stderr}")
         if not source_host.get_file(remote, str(archive)):
-            raise KernelSourceError(f"{source_host.name}: download of {remote} failed")
+            raise FetchError(f"{source_host.name}: download of {remote} failed")
     finally:
         source_host.run_shell_command(StringCommand("rm", "-f", QuoteString(remote), *(
             ("&&", "rmdir", *(QuoteString(directory) for directory in reversed(created))) if created else ())))
@@ -66,8 +70,8 @@ def translated_tree_for(source_host: Host, probe: dict, policy: Policy) -> Trans
         if (digest, policy) not in _translations:
             cache = cache_root() / "kernels"
             with _translation_locks.setdefault((digest, ""), threading.Lock()):  # one fetch per source tree
-                source = ensure_source(cache, digest, lambda archive: fetch_gfx942_tree(
-                    source_host, probe["aiter"]["hsa_root"], archive, probe["state_dir"]["path"]),
+                source = ensure_source(cache, digest, lambda archive: fetch_directory(
+                    source_host, probe["aiter"]["hsa_root"], "gfx942", archive, probe["state_dir"]["path"]),
                     checkout=develop_checkout(probe["distributions"]["amd-aiter"]))
             _translations[digest, policy] = ensure_translation(
                 cache, digest, source, policy,
@@ -83,7 +87,7 @@ def translated_tree_or_refusal(source_host: Host, probe: dict,
         return translated_tree_for(source_host, probe, policy), None
     except LlvmNotFoundError as error:
         return None, f"the controller cannot translate kernels: {error}"
-    except KernelSourceError as error:
+    except (KernelSourceError, FetchError) as error:
         return None, f"the gfx942 kernel tree cannot be translated: {error}"
 
 

@@ -109,3 +109,26 @@ def tree_stat_signature(root: str | os.PathLike) -> tuple[str, int]:
                 relative = f"{relative_dir}/{file_name}" if relative_dir else file_name
                 lines.append(f"{relative},{stat.st_size},{stat.st_mtime_ns},{stat.st_ctime_ns},{stat.st_ino}\n")
     return hashlib.sha256("".join(sorted(lines)).encode("utf-8")).hexdigest(), len(lines)
+
+
+TRITON_SOURCES = "aiter/ops/triton"  # AITER's Triton package under site-packages: what the Triton compile proof reads
+
+
+def is_triton_source(relative: str) -> bool:
+    return relative.endswith((".py", ".json"))
+
+
+def triton_sources_digest(site_packages: str | os.PathLike) -> str | None:
+    """Digest (as ``tree_digest``: RECORD-style lines) of AITER's Triton sources and configs, every ``*.py`` and
+    ``*.json`` under ``aiter/ops/triton``, read from disk; None where there is no such directory. For a tree
+    installed from a wheel it equals ``record_triton_digest`` of its RECORD, which the probe reports: the
+    controller's compile proof is keyed by it (cdna2.triton.proof)."""
+    root = os.path.join(site_packages, TRITON_SOURCES)
+    if not os.path.isdir(root):
+        return None
+    entries = []
+    for relative, path in regular_files(root, skip_dirs=("__pycache__",)):
+        if is_triton_source(relative):
+            data = read_bytes(path)
+            entries.append((relative, record_hash(data), str(len(data))))
+    return digest_of_entries(entries)

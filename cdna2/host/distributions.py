@@ -10,8 +10,8 @@ import sys
 import zlib
 
 from cdna2.host.checkouts import checkout_path
-from cdna2.host.digests import (b64, digest_of_entries, read_bytes, read_text, record_hash, tree_digest,
-                                tree_stat_signature)
+from cdna2.host.digests import (TRITON_SOURCES, b64, digest_of_entries, is_triton_source, read_bytes, read_text,
+                                record_hash, tree_digest, tree_stat_signature)
 from cdna2.host.environment import free_bytes
 
 # Distributions the deploy reasons about, by their PEP 503 name; the alternatives are other names the same
@@ -246,7 +246,17 @@ def record_facts(package: str, record_text: str, target_paths: Collection[str]) 
     if package == "amd-aiter":
         facts["hsa_rel"] = kernel_tree_root(record_text)
         facts["gfx942"] = record_tree_digest(record_text, f"{facts['hsa_rel']}/gfx942/") if facts["hsa_rel"] else None
+        facts["triton_sources"] = record_triton_digest(record_text)
     return facts
+
+
+def record_triton_digest(record_text: str) -> str | None:
+    """``triton_sources_digest`` of AITER's Triton sources as its RECORD promises them (None: it lists none): what
+    the wheel installed, whatever this tool's patches have changed since."""
+    prefix = f"{TRITON_SOURCES}/"
+    entries = [(path[len(prefix):], hash_field, size) for path, hash_field, size in
+               record_entries(record_text, (prefix,)) if hash_field and is_triton_source(path)]
+    return digest_of_entries(entries) if entries else None
 
 
 def read_aiter(dist: dict | None, record_text: str, errors: list[str], installed: dict | None = None,

@@ -24,7 +24,7 @@ import sys
 import time
 
 from cdna2.host.checkouts import checkout_status, read_develop_aiter
-from cdna2.host.digests import read_text, tree_digest
+from cdna2.host.digests import read_text, tree_digest, triton_sources_digest
 from cdna2.host.distributions import (DISTRIBUTIONS, read_aiter, read_distributions, read_patch_targets, read_records,
                                       record_facts, record_mismatches, record_stat)
 from cdna2.host.environment import default_state_dir, free_bytes, read_os, read_python, read_write_access
@@ -32,7 +32,7 @@ from cdna2.host.gpus import KFD_TOPOLOGY, PCI_DEVICES, read_gpus, read_rocm
 from cdna2.host.jsontext import json_dumps, json_loads
 from cdna2.host.shared_env import node_view, read_identity, shared_state_dir
 
-PROBE_FORMAT = 3
+PROBE_FORMAT = 4  # 4: AITER's record facts carry triton_sources
 SHARED_SOURCE = "the shared environment"
 
 
@@ -81,7 +81,9 @@ def probe(options: dict) -> dict:
     optional kfd_topology, pci_devices, patch_files {package: [paths]}, known_contents [hashes the controller holds
     the bytes of], record_memo {package: {stat, facts}} (the ``record_facts`` of the last probe of this host,
     reused while the RECORD's stat is the same), record_check [packages] (compare those distributions' files with
-    their RECORD: reads every file, and the kernel tree too, whatever any stat says)."""
+    their RECORD: reads every file, and the kernel tree too, whatever any stat says), triton_sources (the digest of a
+    develop checkout's AITER Triton sources, which the controller's compile proof is keyed by, read from its files;
+    an installed wheel's comes from its RECORD on every probe)."""
     errors: list[str] = []
     python = read_python(options["target_python"])
     distributions = read_distributions(errors) if python["is_target"] else {name: None for name in DISTRIBUTIONS}
@@ -130,6 +132,11 @@ def probe(options: dict) -> dict:
         "distributions": distributions,
         "aiter": aiter,
         "patch_targets": patch_targets,
+        # The digest of AITER's Triton sources (None: no Triton package): as its RECORD promises them; of a develop
+        # checkout, read from its files where asked (host data enables the aiter-triton-gfx90a set).
+        "triton_sources": (triton_sources_digest(distributions["amd-aiter"]["location"])
+                           if develop and options.get("triton_sources")
+                           else (facts.get("amd-aiter") or {}).get("triton_sources")),
         "record_facts": {package: {"stat": stats[package], "facts": facts[package], "reused": package in reused}
                          for package in stats},
         "state": state,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +103,15 @@ class Catalog:
     def packages(self) -> list[str]:
         return sorted({patch_set.package for patch_set in self.sets})
 
+    def unmet_requirements(self, enabled: Collection[str]) -> list[str]:
+        """What each enabled optional set requires of another package's sets that ``enabled`` (a host's
+        optional_patch_sets) leaves out, one line each. The planner checks a set's requirements within its package;
+        these cross packages, so the deploy checks them per host."""
+        return [f"{name} ({patch_set.package}) requires {required} ({self.by_name(required).package}), which is not "
+                f"enabled" for name in enabled if name in self.set_names() for patch_set in [self.by_name(name)]
+                for required in patch_set.requires
+                if self.by_name(required).package != patch_set.package and required not in enabled]
+
     def target_files(self, package: str) -> list[str]:
         """Every file (relative to site-packages) that any variant of any set of ``package`` reads or edits."""
         return sorted({file for patch_set in self.sets_for(package) for variant in patch_set.variants
@@ -192,9 +202,10 @@ def _check_references(sets: list[PatchSet]) -> None:
             if target is None:
                 raise PatchDataError(f"{patch_set.source}: $.requires[{index}]: no set named {required!r} "
                                      f"(known: {', '.join(sorted(by_name))})")
-            if target.package != patch_set.package:
+            if target.package != patch_set.package and not (patch_set.optional and target.optional):
                 raise PatchDataError(f"{patch_set.source}: $.requires[{index}]: {required!r} patches "
-                                     f"{target.package}, not {patch_set.package}; plans are per package")
+                                     f"{target.package}, not {patch_set.package}: only an optional set may require "
+                                     f"an optional set of another package (host data enables both)")
 
 
 def load_catalog(directory: Path | None = None) -> Catalog:

@@ -150,11 +150,12 @@ def _selected_sets(catalog: Catalog, package: str, enabled_optional: Collection[
             if not patch_set.optional or patch_set.name in enabled_optional]
 
 
-def _check_dependencies(selected: list[PatchSet]) -> None:
+def _check_dependencies(catalog: Catalog, selected: list[PatchSet]) -> None:
+    """Requirements within the package (one of another package is checked per host: Catalog.unmet_requirements)."""
     names = {patch_set.name for patch_set in selected}
     for patch_set in selected:
         for required in patch_set.requires:
-            if required not in names:
+            if required not in names and catalog.by_name(required).package == patch_set.package:
                 raise _Refusal(f"set {patch_set.name} requires set {required}, which is not enabled: enable "
                                f"{required} in group data or disable {patch_set.name}")
 
@@ -375,7 +376,7 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
         return plan
     selected = _selected_sets(catalog, package, enabled_optional)
     try:
-        _check_dependencies(selected)
+        _check_dependencies(catalog, selected)
         texts = {path: _decode(files, path) for path in catalog.target_files(package)}
         candidates, failures = [], []
         for patch_set in selected:

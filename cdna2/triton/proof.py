@@ -6,7 +6,9 @@ launch recipe: no config is written for it), or derived: MI300X-only values repl
 compiled, for every code path its recipe names, for gfx90a and, as the spill baseline, gfx942. A config whose gfx90a
 kernel holds more LDS than gfx90a has, or spills where gfx942's does not, is stepped down by its op's rule and
 compiled again until it does not; one that still does after the last step is named, and its file is not derived.
-The result is cached by (triton version, AITER tree digest, rules, this code) under ``$CDNA2_CACHE/triton-proofs``.
+The result is cached by (triton version, AITER tree digest, host profile, rules and this code) under
+``$CDNA2_CACHE/triton-proofs``; the proofs of the trees the tool serves are committed (cdna2/data/triton-proofs/,
+``python -m releases triton-proofs`` writes them) and found there first.
 """
 
 from __future__ import annotations
@@ -25,11 +27,14 @@ from importlib import resources
 from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root, code_digest
+from cdna2.host.digests import triton_sources_digest
+from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.schema import load_packaged
 from cdna2.triton import recipes, toolchain, worker
 
 CONFIGS = "aiter/ops/triton/configs"
 RULES_FILE = "triton-gfx90a.yaml"
+COMMITTED = PACKAGE_DIR / "data" / "triton-proofs"  # <release>.json: proofs of the trees the tool serves
 MAX_STEPS = 6  # step-downs per config; each halves one key, so the op's list ends sooner in practice
 
 
@@ -97,14 +102,10 @@ class FileProof:
 
 def tree_digest(site_packages: Path) -> str:
     """sha256 over AITER's Triton sources and configs (paths and bytes): what the proof depends on in the tree."""
-    digest = hashlib.sha256()
-    root = site_packages / "aiter" / "ops" / "triton"
-    if not root.is_dir():
+    digest = triton_sources_digest(site_packages)
+    if digest is None:
         raise ProofError(f"{site_packages}: no aiter/ops/triton there; pass the site-packages AITER is installed in")
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and path.suffix in (".py", ".json"):
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    return digest
 
 
 def arch_names(configs: Path, rules: dict) -> tuple[str, str]:
@@ -302,23 +303,56 @@ def derived_files(proofs: list[FileProof]) -> dict[str, bytes]:
             for proof in proofs if proof.target and proof.derived is not None}
 
 
+@cache
+def proof_code_digest() -> str:
+    """What a proof depends on besides the tree and the triton version: the rules and this code (the recipes, the
+    worker, this module)."""
+    code = code_digest((*recipes.MODULES, worker, sys.modules[__name__]))
+    return hashlib.sha256(f"{rules_text()}\0{code}".encode()).hexdigest()
+
+
+def _cached_proof(triton_version: str, digest: str, host: str) -> Path:
+    key = hashlib.sha256("\0".join([triton_version, digest, host, proof_code_digest()]).encode()).hexdigest()[:24]
+    return cache_root() / "triton-proofs" / f"{key}.json"
+
+
+def committed_proof(triton_version: str, digest: str, host: str) -> dict | None:
+    """The committed proof (cdna2/data/triton-proofs/) of this tree, triton version and host profile made by this
+    code and these rules, if there is one: the releases the tool serves need no compile on the controller."""
+    for path in sorted(COMMITTED.glob("*.json")):
+        committed = json.loads(path.read_text())
+        if (committed["triton"], committed["tree_digest"], committed["host"], committed["code_digest"]) == \
+                (triton_version, digest, host, proof_code_digest()):
+            return {**committed, "source": f"committed ({path.name})"}
+    return None
+
+
+def known_proof(triton_version: str, digest: str, host: str) -> dict | None:
+    """The proof of the tree with ``digest``, without the tree: committed, or in the controller's cache."""
+    cached = _cached_proof(triton_version, digest, host)
+    found = committed_proof(triton_version, digest, host)
+    if found is None and cached.exists():
+        found = {**json.loads(cached.read_text()), "source": "controller cache"}
+    return found
+
+
 def prove(site_packages: Path, triton_version: str, host: str | None = None, progress=lambda line: None) -> dict:
-    """The proof of one tree (cached): ``{"triton", "tree_digest", "host", "entries", "files", "seconds"}``."""
+    """The proof of one tree: committed, cached, or made now and cached. ``{"triton", "tree_digest", "host",
+    "code_digest", "entries", "files", "seconds", "source"}``; ``source`` says which."""
     rules = load_rules()
     host = host or rules["default_host"]
     if host not in rules["hosts"]:
         raise ProofError(f"host {host!r} is not in cdna2/data/{RULES_FILE} (hosts: {', '.join(rules['hosts'])})")
-    code = code_digest((*recipes.MODULES, worker, sys.modules[__name__]))
-    key = hashlib.sha256("\0".join([triton_version, tree_digest(site_packages), host, rules_text(),
-                                    code]).encode()).hexdigest()[:24]
-    cached = cache_root() / "triton-proofs" / f"{key}.json"
-    with cache_lock(f"triton-proof-{key}"):
-        if cached.exists():
-            return {**json.loads(cached.read_text()), "cached": True}
+    digest = tree_digest(site_packages)
+    cached = _cached_proof(triton_version, digest, host)
+    with cache_lock(f"triton-proof-{cached.stem}"):
+        found = known_proof(triton_version, digest, host)
+        if found is not None:
+            return found
         started = time.monotonic()
         proofs = prove_files(site_packages, triton_version, host, progress)
         files = derived_files(proofs)
-        result = {"triton": triton_version, "tree_digest": tree_digest(site_packages), "host": host,
+        result = {"triton": triton_version, "tree_digest": digest, "host": host, "code_digest": proof_code_digest(),
                   "entries": [proof.to_json() for proof in proofs],
                   "files": {path: data.decode() for path, data in files.items()},
                   "seconds": round(time.monotonic() - started, 1)}
@@ -326,4 +360,4 @@ def prove(site_packages: Path, triton_version: str, host: str | None = None, pro
         staging = cached.with_suffix(f".{os.getpid()}.tmp")
         staging.write_text(json.dumps(result, indent=1, sort_keys=True))
         staging.rename(cached)
-    return {**result, "cached": False}
+    return {**result, "source": "compiled now"}

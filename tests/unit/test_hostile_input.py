@@ -118,7 +118,7 @@ def test_probe_command_passes_hostile_options_through_as_data(tmp_path: Path, ma
     assert argv[0] == "-c" and argv[2] == options["agent_dir"]
     sent = {key: value for key, value in options.items() if key != "agent_dir"}  # the agent dir is argv[2] alone
     assert json.loads(argv[4]) == dict(sent, record_check=[], known_contents=[], record_memo={},
-                                       shared_environment=False)
+                                       shared_environment=False, triton_sources=False)
 
 
 def sha256(path: Path) -> str:

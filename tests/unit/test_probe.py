@@ -499,3 +499,21 @@ def test_record_entries_keeps_only_its_last_answers() -> None:
                                                                 for i in range(len(records))]
     assert len(distributions._RECORD_ENTRIES) == distributions._RECORD_ENTRIES_KEPT
     assert (records[-1], ("",)) in distributions._RECORD_ENTRIES and (records[0], ("",)) not in distributions._RECORD_ENTRIES
+
+
+def test_the_aiter_triton_sources_digest_is_the_records_whatever_was_patched_since(host_root: Path) -> None:
+    site = host_root / "site-packages"
+    assert run_probe(host_root)["triton_sources"] is None, "this AITER's RECORD lists no Triton sources"
+    record = site / "amd_aiter-0.1.7.post2.dev18.dist-info" / "RECORD"
+    for relative, data in (("gemm_a16w16.py", b"KERNEL = 1\n"), ("configs/gemm/gfx942-GEMM-A16W16.json", b"{}\n"),
+                           ("README.md", b"not a source\n")):
+        (site / "aiter/ops/triton" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (site / "aiter/ops/triton" / relative).write_bytes(data)
+        record.write_text(f"aiter/ops/triton/{relative},{digests.record_hash(data)},{len(data)}\n{record.read_text()}")
+    pristine = digests.triton_sources_digest(site)
+    assert run_probe(host_root)["triton_sources"] == pristine and len(pristine) == 64
+    # Patched and added to by the aiter-triton-gfx90a set: the RECORD, and so the digest, is the wheel's.
+    (site / "aiter/ops/triton/gemm_a16w16.py").write_text("KERNEL = 2  # patched\n")
+    (site / "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json").write_text("{}\n")
+    assert run_probe(host_root)["triton_sources"] == pristine
+    assert digests.triton_sources_digest(site) != pristine

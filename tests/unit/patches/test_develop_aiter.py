@@ -22,7 +22,7 @@ import pytest
 from cdna2.drift import checkout_changes
 from cdna2.host import txn
 from cdna2.host.checkouts import checkout_path
-from cdna2.host.digests import git_hash_field, record_hash, tree_digest
+from cdna2.host.digests import git_hash_field, record_hash, tree_digest, triton_sources_digest
 from cdna2.host.distributions import file_content
 from cdna2.patches import plan_package
 from cdna2.patches.cli import apply_in_place
@@ -136,6 +136,10 @@ def test_pip_install_e_checkout_is_found_with_its_git_head(checkout: Path, tmp_p
             assert entry["current"] == record_hash(data)
     assert "amd-aiter" not in probe["record_facts"], "a develop AITER is read from git on every probe, not memoised"
     assert target_env_error(probe) is None
+    # Its Triton sources have no RECORD: read from the checkout's files where the aiter-triton-gfx90a set asks.
+    assert probe["triton_sources"] is None
+    asked = run_probe(tmp_path, [tmp_path / "site"], catalog, triton_sources=True)["triton_sources"]
+    assert asked == triton_sources_digest(checkout) and asked is not None
 
 
 def test_setup_py_develop_checkout_is_found_through_its_egg_info(checkout: Path, tmp_path: Path, catalog) -> None:

@@ -1,5 +1,6 @@
 """Shared fixtures of the Triton compile proof: the real AITER trees (0.1.7 wheel, git tags) and their proofs,
-computed once per machine (cached under $CDNA2_CACHE/triton-proofs) and once per session here."""
+read from the committed proofs (cdna2/data/triton-proofs/) while they are today's, else computed once per machine
+(cached under $CDNA2_CACHE/triton-proofs)."""
 
 from __future__ import annotations
 
@@ -26,5 +27,5 @@ def aiter_git_dir():
 
 @pytest.fixture(scope="session")
 def proof_017(aiter_017_tree):
-    """The whole 0.1.7 tree's proof: minutes cold, under a second once the machine cache holds it."""
+    """The whole 0.1.7 tree's proof: committed (test_committed.py fails when it is not today's), else minutes cold."""
     return prove(aiter_017_tree, DEFAULT_TRITON)
