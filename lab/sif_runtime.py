@@ -32,6 +32,7 @@ if str(REPO) not in sys.path:  # run as a file by its launcher, which sets no PY
 
 from cdna2.images.layer import ImageTargetError, mounted_root  # noqa: E402
 from cdna2.images.sif import SifError  # noqa: E402
+from lab.labstate import LabPaths, write_atomically  # noqa: E402
 
 NAME = "apptainer"
 VERSION_LINE = f"{NAME} version lab-stand-in (lab stand-in: kernel squashfs+overlayfs)"
@@ -44,6 +45,14 @@ def launcher_text() -> str:
     """The ``apptainer`` a lab host finds on its PATH: this file, run by this checkout's Python."""
     return (f"#!/bin/sh\n# lab stand-in for Apptainer (a test double): {__file__}\n"
             f'exec {sys.executable} -P {Path(__file__).resolve()} "$@"\n')
+
+
+def install(paths: LabPaths) -> tuple[Path, str]:
+    """The lab's directory holding the ``apptainer`` launcher, and where hosts bind it (on their PATH)."""
+    directory = paths.root / "sif-runtime"
+    directory.mkdir(exist_ok=True)
+    write_atomically(directory / NAME, launcher_text(), mode=0o755)
+    return directory, PATH_DIR
 
 
 def _binds(values: list[str]) -> tuple[dict[str, Path], dict[str, Path]]:

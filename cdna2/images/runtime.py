@@ -126,11 +126,12 @@ def read_smoke(host: str, launch: Launch, lines: list[str]) -> dict:
     """The smoke report printed inside the runtime, or RuntimeCheckError: a file that differs from its recorded
     SHA-256, or no report (the runtime's own words)."""
     if HASH_MARK in lines:
-        differ = [line.rsplit(":", 1)[0] for line in lines[lines.index(HASH_MARK) + 1:] if line.strip()]
-        record = LayerFiles(PurePosixPath(launch.image)).record
-        raise RuntimeCheckError(f"{host}: {', '.join(str(PurePosixPath(launch.image).parent / name) for name in differ)}"
-                                f": SHA-256 differs from {record} (edited, or copied incompletely): not run; copy the "
-                                "files again, or roll the layer back and deploy again")
+        image = PurePosixPath(launch.image)
+        differ = [str(image.parent / line.rsplit(":", 1)[0]) for line in lines[lines.index(HASH_MARK) + 1:]
+                  if line.strip()]
+        raise RuntimeCheckError(f"{host}: {', '.join(differ)}: SHA-256 differs from {LayerFiles(image).record} "
+                                "(edited, or copied incompletely): not run; copy the files again, or roll the layer "
+                                "back and deploy again")
     try:
         return json.loads(lines[-1])
     except (ValueError, IndexError):
