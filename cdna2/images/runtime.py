@@ -108,7 +108,12 @@ def launch_of(host: str, image: str, probe: dict) -> Launch:
 def smoke_command(launch: Launch, host_arch: str | None, gpu_checks: bool, expect_triton: str) -> str:
     """Shell: the hashes checked on the node, then the smoke test inside ``RUNTIME exec`` with the layer."""
     image, layer = PurePosixPath(launch.image), PurePosixPath(launch.layer)
-    sums = f"{launch.image_sha256}  {image.name}\n{launch.layer_sha256}  {layer.name}\n"
+    # The layer first: the file more likely edited, and the smaller one (the image is not read when the layer differs)
+    # sha256sum -c prints "NAME: FAILED"; one that fails saying nothing is a failure too, never a pass.
+    sums = " ".join(shlex.quote(f"{digest}  {name}")
+                    for digest, name in ((launch.layer_sha256, layer.name), (launch.image_sha256, image.name)))
+    checks = (f'bad=; for sum in {sums}; do bad=$(printf "%s\\n" "$sum" | sha256sum -c --quiet - 2>/dev/null) || '
+              '{ bad=${bad:-"${sum#*  }: sha256sum could not check it"}; break; }; done')
     jit = f"{JIT_ROOT}/{launch.layer_sha256[:16]}"
     smoke = ["/usr/bin/env", f"PYTHONPATH={ROOT_STATE_DIR}/agent", launch.python, "-B", "-m", "cdna2.host.smoke",
              "--site-packages", launch.site_packages, "--state-dir", ROOT_STATE_DIR, "--host-arch",
@@ -117,7 +122,7 @@ def smoke_command(launch: Launch, host_arch: str | None, gpu_checks: bool, expec
     run = " ".join(shlex.quote(word) for word in (launch.runtime, "exec",
                                                   *launch_arguments(launch.layer, launch.image, JIT_WORD), *smoke))
     return (f"cd {shlex.quote(str(image.parent))} || exit 1; "
-            f"bad=$(printf %s {shlex.quote(sums)} | sha256sum -c --quiet - 2>/dev/null); "
+            f"{checks}; "
             f'if [ -n "$bad" ]; then echo "{HASH_MARK}"; echo "$bad"; exit 0; fi; '
             f'jit="{jit}"; mkdir -p "$jit" && ' + run.replace(JIT_WORD, '"$jit"') + " || true")
 
@@ -127,8 +132,10 @@ def read_smoke(host: str, launch: Launch, lines: list[str]) -> dict:
     SHA-256, or no report (the runtime's own words)."""
     if HASH_MARK in lines:
         image = PurePosixPath(launch.image)
-        differ = [str(image.parent / line.rsplit(":", 1)[0]) for line in lines[lines.index(HASH_MARK) + 1:]
-                  if line.strip()]
+        # "NAME: FAILED", or what else kept sha256sum from checking NAME ("FAILED open or read", ...)
+        found = [line.rsplit(":", 1) for line in lines[lines.index(HASH_MARK) + 1:] if ":" in line]
+        differ = [str(image.parent / name) + ("" if status.strip() == "FAILED" else f" ({status.strip()})")
+                  for name, status in found]
         raise RuntimeCheckError(f"{host}: {', '.join(differ)}: SHA-256 differs from {LayerFiles(image).record} "
                                 "(edited, or copied incompletely): not run; copy the files again, or roll the layer "
                                 "back and deploy again")

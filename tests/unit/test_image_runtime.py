@@ -93,6 +93,27 @@ def test_a_layer_edited_by_hand_fails_by_name_and_the_runtime_never_runs(node):
     assert not node["args"].exists()
 
 
+def test_an_image_that_differs_from_its_record_fails_by_name(node):
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    node["files"].image.write_bytes(b"another image")
+    with pytest.raises(RuntimeCheckError, match=f"^n1: {node['files'].image}: SHA-256 differs"):
+        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    assert not node["args"].exists()
+
+
+def test_a_hash_check_that_fails_without_a_word_is_no_pass(node):
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    broken = node["bin"] / "sha256sum"  # a test double for a sha256sum that fails silently
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(RuntimeCheckError,
+                       match=f"^n1: {node['files'].layer} \\(sha256sum could not check it\\): SHA-256 differs"):
+        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    assert not node["args"].exists()
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda node: None, "n1: neither singularity nor apptainer is on the node's PATH"),
     (lambda node: node["files"].record.unlink(), "no layer record beside the image"),
