@@ -52,6 +52,7 @@ def install(paths: LabPaths) -> tuple[Path, str]:
     directory = paths.root / "sif-runtime"
     directory.mkdir(exist_ok=True)
     write_atomically(directory / NAME, launcher_text(), mode=0o755)
+    Path(PATH_DIR).mkdir(parents=True, exist_ok=True)  # Debian has it; the hosts' bind needs it
     return directory, PATH_DIR
 
 
