@@ -79,6 +79,11 @@ smoke_tests = True
 # are then reported "skipped", and the pass recorded says it was made without them.
 smoke_gpu_checks = True
 
+# A Singularity/Apptainer image (.sif) this node runs, on a filesystem it sees, with the layer `python -m cdna2.images
+# deploy` wrote beside it: verify.py then runs the smoke test (GPU checks included) inside the node's singularity or
+# apptainer with that layer, instead of checking the node's own environment (docs/images.md).
+sif_image = None
+
 # Kernel families (cdna2/data/kernel-families.yaml) to keep installed although no GPU check proves them: by default a
 # host whose GPU checks run withholds every family without a passing check (its code objects leave hsa/gfx90a). A
 # family kept here stays "unproven" in the report of every run; a family whose check failed is withheld regardless.

@@ -16,7 +16,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from lab import kinds, mirror, slurm
+from lab import kinds, mirror, sif_runtime, slurm
 from lab.hosts import ensure_client_key, ensure_controller_paths, known_hosts_text, prepare_host_dir, start_host
 from lab.labstate import HOST_BINDS, LAB_FORMAT, LabPaths, lab_locked, load_lab, progress, save_lab, write_atomically
 from lab.logins import LOGINS, ensure_login_users, login_users, remove_login_users
@@ -81,7 +81,7 @@ def check_lab_dir_outside_binds(paths: LabPaths) -> None:
 
 
 def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None, aiter: str | None = None,
-       shared: int | None = None, with_slurm: bool = False) -> dict:
+       shared: int | None = None, with_slurm: bool = False, with_sif_runtime: bool = False) -> dict:
     if os.geteuid() != 0:
         raise SystemExit("./lab/up must run as root (it creates mount namespaces and bind mounts)")
     check_lab_dir_outside_binds(paths)
@@ -102,7 +102,11 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
         if lab is not None and shared is not None and lab.get("shared", 0) != shared:
             raise SystemExit(f"the lab in {paths.root} has {lab.get('shared', 0)} hosts on a shared environment, "
                              f"not {shared}; run ./lab/down first to change it")
-        lab = lab or _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root", aiter or "wheel", shared or 0)
+        if lab is not None and with_sif_runtime and not lab.get("sif_runtime"):
+            raise SystemExit(f"the lab in {paths.root} was started without --sif-runtime; run ./lab/down first")
+        if lab is None:
+            lab = _new_lab(paths, subnet or kinds.DEFAULT_SUBNET, login or "root", aiter or "wheel", shared or 0)
+            lab["sif_runtime"] = with_sif_runtime
         paths.root.mkdir(parents=True, exist_ok=True)
         ensure_controller_paths()
         ensure_client_key(paths)
@@ -125,7 +129,8 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
                      f"{planned.address}:{kinds.PORT})")
             sharing = shared_venv if planned.shares_environment else None
             prepare_host_dir(paths, planned, login_user, sharing)
-            host = start_host(paths, planned, login_user, sharing)
+            host = start_host(paths, planned, login_user, sharing,
+                              sif_runtime.install(paths) if lab.get("sif_runtime") else None)
             _record(paths, lab, host)
             progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
         for extra in lab["hosts"][count:]:
@@ -280,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     up_parser.add_argument("--slurm", action="store_true", help="also start a real Slurm: slurmctld and a slurmd "
                                                                  "in each host's namespaces (lab/slurm.py); "
                                                                  "print the SLURM_CONF to export")
+    up_parser.add_argument("--sif-runtime", action="store_true", help="put the lab's stand-in for Apptainer "
+                                                                       "(lab/sif_runtime.py, a test double on the "
+                                                                       "kernel's squashfs and overlayfs) on every "
+                                                                       "host's PATH as apptainer (fixed once the lab "
+                                                                       "exists)")
     up_parser.add_argument("--json", action="store_true", help="print lab.json's content on stdout")
     down_parser = commands.add_parser("down", help="stop the recorded hosts and remove the lab's state")
     down_parser.add_argument("--json", action="store_true")
@@ -300,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, paths: LabPaths) -> int:
     if args.command == "up":
         started = time.monotonic()
-        lab = up(paths, args.count, args.subnet, args.login, args.aiter, args.shared, args.slurm)
+        lab = up(paths, args.count, args.subnet, args.login, args.aiter, args.shared, args.slurm, args.sif_runtime)
         progress(f"up: {len(lab['hosts'])} host(s) in {time.monotonic() - started:.1f} s")
         if args.json:
             print(json.dumps(lab, indent=2))

@@ -8,9 +8,11 @@ from typing import Any
 
 from pyinfra import host, state
 from pyinfra.api import operation
+from pyinfra.facts.server import Command
 
 from cdna2.families import host_families
 from cdna2.host.families import WITHHELD, verdict_line
+from cdna2.images.runtime import RuntimeCheckError, launch_of, probe_command, read_probe, read_smoke, smoke_command
 from cdna2.reports.run import FAILED, RunReport
 from cdna2.smoke_proof import proof_key, recorded_proof
 from operations.agent import agent_command
@@ -39,6 +41,25 @@ def changed_this_run() -> bool:
     """Whether an earlier operation of this run changed the current host (read at execute time)."""
     return any(data.operation_meta.is_complete() and data.operation_meta.did_change()
                for data in state.ops[host].values())
+
+
+def smoke_verdict(result: dict, host_arch: str | None, gpu_checks: bool) -> tuple[list[dict], str]:
+    """The checks of a smoke report that fail the host, and the report's summary of them (kernel families apart)."""
+    # A check of a family withheld for it is answered by the withholding: AITER no longer holds that family's kernels.
+    answered = {check for name, entry in result.get("families", {}).items() if entry["verdict"] == WITHHELD
+                for check in entry["checks"]}
+    bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")
+           and check["name"] not in answered]
+    gpu_skips = [check for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"
+                 and check["name"] not in answered]
+    if host_arch == "gfx90a" and gpu_checks:  # on a gfx90a host only a GPU check that ran can be part of a pass
+        bad += [dict(check, status="failed", detail=f"skipped on a host probed as gfx90a: {check['detail']}")
+                for check in gpu_skips]
+    summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
+               f"{result['skipped']} skipped")
+    if gpu_skips:
+        summary += f" (GPU checks {gpu_skips[0]['detail']})"
+    return bad, summary
 
 
 @operation()
@@ -96,20 +117,7 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                            site_packages=site_packages, expect_triton=expect_triton, host_arch=host_arch,
                            gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason, families=families,
                            keep_families=list(keep_families))
-    # A check of a family withheld for it is answered by the withholding: AITER no longer holds that family's kernels.
-    answered = {check for name, entry in result.get("families", {}).items() if entry["verdict"] == WITHHELD
-                for check in entry["checks"]}
-    bad = [check for check in result["checks"] if check["status"] in ("failed", "wrong")
-           and check["name"] not in answered]
-    gpu_skips = [check for check in result["checks"] if check["kind"] == "gpu" and check["status"] == "skipped"
-                 and check["name"] not in answered]
-    if host_arch == "gfx90a" and gpu_checks:  # on a gfx90a host only a GPU check that ran can be part of a pass
-        bad += [dict(check, status="failed", detail=f"skipped on a host probed as gfx90a: {check['detail']}")
-                for check in gpu_skips]
-    summary = (f"{result['passed']} passed, {result['failed']} failed, {result['wrong']} wrong, "
-               f"{result['skipped']} skipped")
-    if gpu_skips:
-        summary += f" (GPU checks {gpu_skips[0]['detail']})"
+    bad, summary = smoke_verdict(result, host_arch, gpu_checks)
     summary += f"; {verdict_line(result.get('families', {}))}"
     report.step(host.name, "smoke", FAILED if bad else "ok", summary)
     report.host(host.name).details["smoke"] = result
@@ -126,3 +134,49 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
               "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "families": result.get("families", {})}
     yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
                         json.dumps(passed, sort_keys=True))
+
+
+@operation()
+def smoke_passed_inside_image(report: RunReport, image: str, host_arch: str | None, gpu_checks: bool = True,
+                              expect_triton: str = "3.7.1"):
+    """
+    Run the smoke test, GPU checks included, inside the node's Singularity/Apptainer with the image's layer; record
+    which runtime ran it; fail the host on any failure. Never changes the node.
+
+    + report: the run report (the ``verify`` step, and ``runtime`` in the host's details)
+    + image: the ``.sif`` on the node (host data ``sif_image``), its layer and record beside it
+    + host_arch: the GPU arch the node's probe saw (None: no GPU); on gfx90a a GPU check that did not run fails
+    + gpu_checks: run the GPU checks (off only where the GPU is a stand-in, such as the lab's)
+    + expect_triton: the triton version the image with its layer must have
+
+    No runtime on the node, no layer record, or an image or layer whose SHA-256 differs from the record fails the
+    host by name (cdna2/images/runtime.py): never "passed". During ``--dry`` nothing runs.
+
+    **Example:**
+
+    .. code:: python
+
+        smoke_passed_inside_image(name="verify: the image's smoke test passes inside its runtime", report=report,
+                                  image="/project/images/vllm.sif", host_arch="gfx90a")
+    """
+    if not state.is_executing:
+        host.noop(f"the smoke test runs inside the node's runtime with {image} and its layer")
+        return
+    try:
+        probe = host.get_fact(Command, probe_command(image)) or ""
+        launch = launch_of(host.name, image, read_probe(probe.splitlines()))
+        smoke = host.get_fact(Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or ""
+        result = read_smoke(host.name, launch, smoke.splitlines())
+    except RuntimeCheckError as error:
+        report.step(host.name, "verify", FAILED, str(error))
+        yield fail_host_command(f"verify: {error}")
+        return
+    bad, summary = smoke_verdict(result, host_arch, gpu_checks)
+    report.host(host.name).details["runtime"] = launch.report()
+    report.host(host.name).details["smoke"] = result
+    report.step(host.name, "verify", FAILED if bad else "ok", f"smoke inside {launch.version}: {summary}")
+    if bad:
+        yield fail_host_command("verify: smoke inside the image: "
+                                + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
+        return
+    host.noop(f"the smoke test passed inside {launch.version} with {launch.layer}")

@@ -43,6 +43,8 @@ TARGET_PYTHON = "/opt/venv/bin/python"
 # Inside the root, where the deploy's optional find-links directory is bound for a run: a mount point the image already
 # has (Debian's empty /mnt), so binding it writes nothing to the upper directory.
 WHEELS_MOUNT = "/mnt"
+# AITER's JIT directory on the node, per user (a shell word: $HOME expands there); one subdirectory per layer.
+JIT_ROOT = "$HOME/.cache/cdna2-aiter-jit"
 
 
 class ImageTargetError(RuntimeError):
@@ -132,13 +134,21 @@ def _mount(*args: str) -> None:
 
 @contextmanager
 def mounted_root(image: Path, layer: Path | None, scratch: Path, writable: bool,
-                 binds: dict[str, Path] | None = None) -> Iterator[Path]:
+                 binds: dict[str, Path] | None = None, writable_binds: dict[str, Path] | None = None) -> Iterator[Path]:
     """The image's root with ``layer`` over it, as an overlay (with an upper directory at scratch/upper when
-    ``writable``), plus /proc, /dev and a private /tmp: the runtime's view. Unmounted on exit."""
+    ``writable``), plus /proc, /dev and a private /tmp: the runtime's view. ``binds`` (read-only) go where the image
+    has a directory; ``writable_binds`` (a runtime's ``--bind``) get their mount point from a top lower directory of
+    their own where the image has none, as the runtimes make theirs, the root staying read-only. Unmounted on exit."""
     partition = sif.squashfs_root(image)
     lowers = []
     mounted: list[Path] = []
     try:
+        if not writable:  # overlayfs needs two lowers without an upper: this one, empty but for the mount points
+            points = scratch / "mount-points"
+            points.mkdir()
+            for target in writable_binds or {}:
+                (points / target.lstrip("/")).mkdir(parents=True, exist_ok=True)
+            lowers.append(str(points))
         for name, source, offset in (("layer", layer, 0), ("image", image, partition.offset)):
             if source is None:
                 continue
@@ -154,14 +164,14 @@ def mounted_root(image: Path, layer: Path | None, scratch: Path, writable: bool,
             (scratch / "upper").mkdir()
             (scratch / "work").mkdir()
             options += f",upperdir={scratch / 'upper'},workdir={scratch / 'work'}"
-        elif len(lowers) == 1:
-            options = f"lowerdir={lowers[0]}:{lowers[0]},xino=on"  # overlayfs needs two lowers without an upper
         _mount("-t", "overlay", "overlay", "-o", options, str(root))
         mounted.append(root)
         for inside, how in (("proc", ("-t", "proc", "proc")), ("dev", ("--rbind", "/dev")),
                             ("tmp", ("-t", "tmpfs", "tmpfs")), ("var/tmp", ("-t", "tmpfs", "tmpfs")),
                             *((target.lstrip("/"), ("--bind", "-o", "ro", str(source)))
-                              for target, source in (binds or {}).items())):
+                              for target, source in (binds or {}).items()),
+                            *((target.lstrip("/"), ("--bind", str(source)))
+                              for target, source in (writable_binds or {}).items())):
             if not (root / inside).is_dir():
                 continue  # an image without /proc (say): nothing the deploy needs from it
             _mount(*how, str(root / inside))
@@ -291,10 +301,17 @@ exec "$runtime" "$command" --overlay "$layer:ro" --bind "$jit" --env "AITER_JIT_
 """
 
 
+def launch_arguments(layer: str, image: str, jit: str) -> list[str]:
+    """The runtime's ``exec``/``run`` options and the image: the layer read-only, AITER's JIT directory ``jit``
+    bound and named, the FP4/FP8 BMM paths gfx90a lacks off. The record's launch line and the runtime check
+    (cdna2/images/runtime.py) both run these."""
+    return ["--overlay", f"{layer}:ro", "--bind", jit, "--env", f"AITER_JIT_DIR={jit}",
+            "--env", "VLLM_ROCM_USE_AITER_FP4BMM=0", "--env", "VLLM_ROCM_USE_AITER_FP8BMM=0", image]
+
+
 def launch_line(files: LayerFiles, layer_sha256: str) -> str:
-    jit = f"$HOME/.cache/cdna2-aiter-jit/{layer_sha256[:16]}"
-    return (f"singularity exec --overlay {files.layer}:ro --bind {jit} --env AITER_JIT_DIR={jit} "
-            f"--env VLLM_ROCM_USE_AITER_FP4BMM=0 --env VLLM_ROCM_USE_AITER_FP8BMM=0 {files.image} python ...")
+    jit = f"{JIT_ROOT}/{layer_sha256[:16]}"
+    return " ".join(["singularity", "exec", *launch_arguments(str(files.layer), str(files.image), jit), "python ..."])
 
 
 def place(files: LayerFiles, packed: Path, record: dict, wrapper: str) -> None:

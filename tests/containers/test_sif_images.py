@@ -13,8 +13,10 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,12 +24,14 @@ import yaml
 
 from cdna2.host.digests import file_sha256
 from cdna2.images.layer import LayerFiles, pack_layer
-from lab import images, sif as lab_sif, wheelhouse
-from tests.lab.deploy_runner import REPO
+from lab import images, kinds, sif as lab_sif, sif_runtime, wheelhouse
+from tests.lab.conftest import run_lab_command
+from tests.lab.deploy_runner import REPO, run_pyinfra
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
 SYLABS = REPO / "tests" / "unit" / "fixtures" / "sylabs-sif"
+RUNTIME_LAB_SUBNET = f"{kinds.LAB_NET}.90"  # away from the shared lab (.10), scratch labs (.20 up) and the others
 
 
 def images_cli(*args: str, timeout: int = 1200, env: dict | None = None) -> tuple[int, dict, str]:
@@ -66,12 +70,18 @@ def image_copy(cached: Path, directory: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def deployed(cached_image, wheel_options, tmp_path_factory) -> dict:
-    image = image_copy(cached_image, tmp_path_factory.mktemp("sif-deploy"))
-    before = file_sha256(image)
-    status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
-    assert status == 0, stderr[-5000:]
-    return {**outcome, "sha256_before": before, "path": image}
+def deployed(cached_image, wheel_options) -> dict:
+    # Not under /tmp: the runtime lab's host sees this directory as nodes see a shared filesystem (it has its own /tmp)
+    directory = wheelhouse.cache_root() / "scratch-sif" / uuid.uuid4().hex[:12]
+    directory.mkdir(parents=True)
+    try:
+        image = image_copy(cached_image, directory)
+        before = file_sha256(image)
+        status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
+        assert status == 0, stderr[-5000:]
+        yield {**outcome, "sha256_before": before, "path": image}
+    finally:
+        shutil.rmtree(directory)
 
 
 def test_the_layer_holds_only_what_the_deploy_changed(deployed):
@@ -147,6 +157,84 @@ def test_a_layer_edited_by_hand_is_refused_by_name_and_nothing_is_written(deploy
     finally:
         data[-1] = original
         files.layer.write_bytes(bytes(data))
+
+
+@pytest.fixture(scope="module")
+def runtime_lab() -> Path:
+    """One lab host with the lab's stand-in for Apptainer on its PATH (./lab/up --sif-runtime), reached over SSH."""
+    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"sif-runtime-{uuid.uuid4().hex[:12]}"
+    try:
+        run_lab_command("up", "1", "--sif-runtime", "--subnet", RUNTIME_LAB_SUBNET, lab_dir=lab_dir)
+        yield lab_dir
+    finally:
+        run_lab_command("down", lab_dir=lab_dir, check=False)
+
+
+@pytest.mark.lab
+def test_verify_runs_the_smoke_test_inside_the_runtime_on_a_node_and_names_it(deployed, runtime_lab, tmp_path,
+                                                                              monkeypatch):
+    """verify.py over SSH on a lab host whose data names the image: the smoke test runs inside the runtime there
+    (the lab's stand-in) with the layer; the GPU checks are skipped (the lab's GPUs are stand-ins), the static ones
+    pass; the same run with the layer edited by hand fails, naming the layer."""
+    monkeypatch.setenv("CDNA2_LAB_DIR", str(runtime_lab))
+    files = LayerFiles(deployed["path"])
+    arguments = ("-y", "verify.py", "--data", f"sif_image={files.image}", "--data", "smoke_gpu_checks=false")
+    run = run_pyinfra(*arguments, report_dir=tmp_path)
+    assert run.returncode == 0, run.output[-3000:]
+    row = run.row("mi210-a")
+    assert row["details"]["runtime"] == {
+        "runtime": f"{sif_runtime.PATH_DIR}/apptainer", "version": sif_runtime.VERSION_LINE, "image": str(files.image),
+        "image_sha256": deployed["sha256_before"], "layer": str(files.layer), "layer_sha256": deployed["layer_sha256"],
+        "python": "/opt/venv/bin/python", "site_packages": "/opt/venv/lib/python3.11/site-packages"}
+    assert row["steps"]["verify"]["status"] == "ok"
+    assert row["steps"]["verify"]["detail"].startswith(f"smoke inside {sif_runtime.VERSION_LINE}: ")
+    checks = {check["name"]: check for check in row["details"]["smoke"]["checks"]}
+    for name in ("gfx90a_tree", "code_objects_gfx90a", "manifests_complete", "patch_sets_applied", "triton_version"):
+        assert checks[name]["status"] == "passed", checks[name]
+    gpu = [check for check in checks.values() if check["kind"] == "gpu"]
+    assert gpu and all(check["status"] == "skipped" for check in gpu)
+
+    data = bytearray(files.layer.read_bytes())
+    data[-1] ^= 0xFF
+    files.layer.write_bytes(bytes(data))
+    try:
+        edited = run_pyinfra(*arguments, report_dir=tmp_path)
+    finally:
+        data[-1] ^= 0xFF
+        files.layer.write_bytes(bytes(data))
+    assert edited.returncode != 0 and edited.row("mi210-a")["steps"]["verify"]["status"] == "failed"
+    assert edited.row("mi210-a")["steps"]["verify"]["detail"].startswith(
+        f"mi210-a: {files.layer}: SHA-256 differs from {files.record}"), edited.output[-3000:]
+
+
+def test_the_runtime_stand_in_honours_the_layers_whiteouts_and_opaque_directories(cached_image, tmp_path):
+    """lab/sif_runtime.py (a test double for Apptainer) with a layer holding both: the whited-out file is gone, the
+    opaque directory shows only the layer's files, the root is read-only, a --bind is writable, --env is set."""
+    tree = tmp_path / "layer"
+    (tree / "etc").mkdir(parents=True)
+    os.mknod(tree / "etc" / "debian_version", 0o644 | stat.S_IFCHR, os.makedev(0, 0))  # an overlayfs whiteout
+    (tree / "usr/share/doc").mkdir(parents=True)
+    os.setxattr(tree / "usr/share/doc", "trusted.overlay.opaque", b"y")
+    (tree / "usr/share/doc/only-this").write_text("the layer's\n")
+    layer = tmp_path / "layer.sqsh"
+    pack_layer(tree, layer, lab_sif.EPOCH)
+    (tmp_path / "bound").mkdir()
+
+    def stand_in(*arguments: str) -> list[str]:
+        result = subprocess.run([sys.executable, "-P", str(REPO / "lab" / "sif_runtime.py"), "exec", *arguments],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    # The image alone has both: the file, and a /usr/share/doc of many packages.
+    assert int(stand_in(str(cached_image), "/bin/sh", "-ec", "test -f /etc/debian_version; ls /usr/share/doc | wc -l"
+                        )[0]) > 10
+    script = ("test ! -e /etc/debian_version; ls /usr/share/doc; echo $GREETING; "
+              "touch /etc/x 2>/dev/null || echo read-only; touch /root/.cache/bound/y && echo bound")
+    assert stand_in("--overlay", f"{layer}:ro", "--env", "GREETING=hello", "--bind",
+                    f"{tmp_path / 'bound'}:/root/.cache/bound", str(cached_image), "/bin/sh", "-ec", script) == [
+        "only-this", "hello", "read-only", "bound"]
+    assert (tmp_path / "bound" / "y").exists()
 
 
 def test_rollback_leaves_no_layer_and_a_new_deploy_writes_the_same_bytes(deployed, wheel_options):

@@ -1,0 +1,137 @@
+"""The smoke test inside an image's runtime on a node (cdna2/images/runtime.py): the commands it sends run here by
+a real shell, against files laid out as ``python -m cdna2.images deploy`` leaves them. No Singularity/Apptainer can
+run here: ``FAKE_RUNTIME`` is a test double for one (it records its arguments and prints a smoke report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cdna2.host.digests import file_sha256
+from cdna2.images.layer import LayerFiles, launch_arguments
+from cdna2.images.runtime import RuntimeCheckError, launch_of, probe_command, read_probe, read_smoke, smoke_command
+
+SITE = "opt/venv/lib/python3.11/site-packages"
+REPORT = {"passed": 3, "failed": 0, "wrong": 0, "skipped": 1,
+          "checks": [{"name": "gfx90a_tree", "kind": "static", "status": "passed", "detail": "178 code objects"}]}
+# Test double for singularity/apptainer: --version, and exec, which records its arguments and prints a smoke report.
+FAKE_RUNTIME = f"""#!/bin/sh
+if [ "$1" = --version ]; then echo "$(basename "$0") version 9.9-fake"; exit 0; fi
+printf '%s\\n' "$@" > "$RUNTIME_ARGS"
+echo 'runtime chatter'
+echo '{json.dumps(REPORT)}'
+"""
+
+
+@pytest.fixture
+def node(tmp_path) -> dict:
+    """A node's view: an image with its layer and record on a shared directory, a PATH without any runtime."""
+    files = LayerFiles(tmp_path / "shared" / "vllm.sif")
+    files.image.parent.mkdir()
+    files.image.write_bytes(b"SIF image bytes")
+    files.layer.write_bytes(b"layer bytes")
+    files.record.write_text(json.dumps({
+        "image_sha256": file_sha256(files.image), "layer_sha256": file_sha256(files.layer), "layer": files.layer.name,
+        "files": [f"{SITE}/aiter_meta/hsa/gfx90a/fmha.co", "var/lib/cdna2/state.json"]}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    return {"files": files, "bin": bin_dir, "home": tmp_path / "home", "args": tmp_path / "runtime-args",
+            "env": {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path / "home"),
+                    "RUNTIME_ARGS": str(tmp_path / "runtime-args")}}
+
+
+def with_runtime(node: dict, name: str) -> Path:
+    path = node["bin"] / name
+    path.write_text(FAKE_RUNTIME)
+    path.chmod(0o755)
+    return path
+
+
+def on_node(node: dict, command: str) -> list[str]:
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=node["env"],
+                          check=True).stdout.splitlines()
+
+
+def launch(node: dict):
+    image = str(node["files"].image)
+    return launch_of("n1", image, read_probe(on_node(node, probe_command(image))))
+
+
+def test_the_smoke_test_runs_inside_the_runtime_on_the_records_launch_line(node):
+    runtime = with_runtime(node, "apptainer")
+    found = launch(node)
+    files = node["files"]
+    assert (found.runtime, found.version) == (str(runtime), "apptainer version 9.9-fake")
+    assert (found.python, found.site_packages) == ("/opt/venv/bin/python", f"/{SITE}")
+    report = read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    assert report == REPORT
+    jit = node["home"] / ".cache" / "cdna2-aiter-jit" / file_sha256(files.layer)[:16]
+    assert jit.is_dir()  # made on the node before the runtime binds it
+    assert node["args"].read_text().splitlines() == [
+        "exec", *launch_arguments(str(files.layer), str(files.image), str(jit)),
+        "/usr/bin/env", "PYTHONPATH=/var/lib/cdna2/agent", "/opt/venv/bin/python", "-B", "-m", "cdna2.host.smoke",
+        "--site-packages", f"/{SITE}", "--state-dir", "/var/lib/cdna2", "--host-arch", "gfx90a",
+        "--expect-triton", "3.7.1", "--json"]
+
+
+def test_singularity_is_preferred_as_the_wrapper_prefers_it(node):
+    with_runtime(node, "apptainer")
+    singularity = with_runtime(node, "singularity")
+    assert launch(node).runtime == str(singularity)
+
+
+def test_a_layer_edited_by_hand_fails_by_name_and_the_runtime_never_runs(node):
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    node["files"].layer.write_bytes(b"layer bytes, edited")
+    with pytest.raises(RuntimeCheckError) as raised:
+        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    assert str(raised.value).startswith(f"n1: {node['files'].layer}: SHA-256 differs from {node['files'].record}")
+    assert not node["args"].exists()
+
+
+def test_an_image_that_differs_from_its_record_fails_by_name(node):
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    node["files"].image.write_bytes(b"another image")
+    with pytest.raises(RuntimeCheckError, match=f"^n1: {node['files'].image}: SHA-256 differs"):
+        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    assert not node["args"].exists()
+
+
+def test_a_hash_check_that_fails_without_a_word_is_no_pass(node):
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    broken = node["bin"] / "sha256sum"  # a test double for a sha256sum that fails silently
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(RuntimeCheckError,
+                       match=f"^n1: {node['files'].layer} \\(sha256sum could not check it\\): SHA-256 differs"):
+        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    assert not node["args"].exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda node: None, "n1: neither singularity nor apptainer is on the node's PATH"),
+    (lambda node: node["files"].record.unlink(), "no layer record beside the image"),
+    (lambda node: node["files"].image.unlink(), "no such file on the node"),
+    (lambda node: node["files"].record.write_text('{"layer": "vllm.gfx90a-layer.sqsh"}'),
+     "not a layer record this tool wrote"),
+])
+def test_what_cannot_run_inside_the_runtime_fails_by_name(node, change, message):
+    change(node)  # and no runtime on the PATH: the record's faults are named first
+    with pytest.raises(RuntimeCheckError) as raised:
+        launch(node)
+    assert message in str(raised.value) and str(raised.value).startswith("n1: ")
+
+
+def test_a_runtime_that_prints_no_report_fails_with_its_own_words(node):
+    runtime = with_runtime(node, "apptainer")
+    runtime.write_text('#!/bin/sh\n[ "$1" = --version ] && echo apptainer 1 && exit 0\n'
+                       'echo "FATAL: container creation failed"\nexit 255\n')
+    found = launch(node)
+    with pytest.raises(RuntimeCheckError, match="printed no smoke report; its output ends: FATAL: container"):
+        read_smoke("n1", found, on_node(node, smoke_command(found, None, False, "3.7.1")))
