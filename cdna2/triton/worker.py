@@ -4,8 +4,8 @@ holding one triton wheel (``python worker.py < job.json``). Standard library and
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
 "tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
 the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names).
-With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead, as they run
-on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
+With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead,
+as they run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
 ``scratch_bytes``, ``mfma`` (instruction -> count).
 

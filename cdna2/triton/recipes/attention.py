@@ -115,7 +115,8 @@ def _lean_schedule(causal: bool, batch: int, n_ctx_q: int, n_ctx_k: int, heads: 
             end = start + (per_wg if wg < high else per_wg - 1)
             count = 0
             for head in range(start // per_head, (end - 1) // per_head + 1):
-                low, top = max(start, head * per_head) - head * per_head, min(end, (head + 1) * per_head) - head * per_head
+                first = head * per_head
+                low, top = max(start, first) - first, min(end, first + per_head) - first
                 count += bisect.bisect_right(bounds, top - 1) - bisect.bisect_right(bounds, low) + 1
             most = max(most, count)
     else:
