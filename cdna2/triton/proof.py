@@ -201,12 +201,26 @@ LOOKUPS = (
                  "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16"]},
     {"id": "mha", "function": "_get_config", "args": [True, {"dtype": "bf16"}, True],
      "modules": ["aiter.ops.triton._triton_kernels.mha", "aiter.ops.triton._triton_kernels.attention.mha"]},
+    {"id": "extend_attention", "function": "_get_config", "args": [576, {"dtype": "bf16"}],
+     "modules": ["aiter.ops.triton._triton_kernels.extend_attention",
+                 "aiter.ops.triton._triton_kernels.attention.extend_attention"]},
+    {"id": "lean_attention", "function": "_get_config",
+     "modules": ["aiter.ops.triton._triton_kernels.lean_atten",
+                 "aiter.ops.triton._triton_kernels.attention.lean_atten"]},
+    {"id": "mla_decode_rope", "function": "_get_config",
+     "modules": ["aiter.ops.triton._triton_kernels.mla_decode_rope",
+                 "aiter.ops.triton._triton_kernels.attention.mla_decode_rope"]},
+    *({"id": f"hstu_attn_{way}", "function": f"_get_{way}_config",
+       "kwargs": {"AUTOTUNE_Z": 512, "H": 4, "AUTOTUNE_MAX_SEQ_LEN": 4096, "DimQ": 128, "DimV": 128, "DeltaSize": 0,
+                  "IS_DELTA_Q": False},
+       "modules": ["aiter.ops.triton._triton_kernels.hstu_attention",
+                   "aiter.ops.triton._triton_kernels.attention.hstu_attention"]} for way in ("fwd", "bwd")),
 )
 
 
 def look_up(site_packages: Path, triton_version: str, arch: str) -> dict[str, dict]:
-    """AITER's own lookups of gemm_a16w16's and MHA's configs in ``site_packages``, run as on a host of ``arch``:
-    ``{op: {"ok", "config" | "error"}}``."""
+    """AITER's own config lookups of the ops the set gives configs (LOOKUPS) in ``site_packages``, run as on a host
+    of ``arch``: ``{op: {"ok", "config" | "error"}}``."""
     python = toolchain.triton_python(triton_version)
     return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")
 
@@ -240,6 +254,7 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
     python = toolchain.triton_python(triton_version)
     proofs = classify(configs, rules)
     ops = {op["name"]: op for op in rules["ops"]}
+    profile = rules["hosts"][host]
     pending: list[tuple[FileProof, ConfigProof]] = []
     for proof in proofs:
         if proof.status != "pending":
@@ -258,7 +273,8 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
         requests, owners = [], {}
         for index, (proof, config) in enumerate(pending):
             recipe = recipes.RECIPES[ops[proof.op]["recipe"]]
-            for path, request in recipe(config.config, config.key.rsplit(".", 1)[-1], _shape(proof.file)):
+            inputs = {name: profile[value] for name, value in ops[proof.op].get("host_inputs", {}).items()}
+            for path, request in recipe(config.config, config.key.rsplit(".", 1)[-1], _shape(proof.file), **inputs):
                 for arch in ["gfx90a", "gfx942"] if first else ["gfx90a"]:
                     identifier = f"{index}|{arch}|{path}"
                     requests.append({**request, "id": identifier, "arch": arch})

@@ -4,8 +4,8 @@ holding one triton wheel (``python worker.py < job.json``). Standard library and
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
 "tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
 the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names).
-With ``"lookups": [{"id", "modules", "function", "args"}]`` it calls AITER's own config lookups instead, as they run
-on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
+With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead,
+as they run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
 ``scratch_bytes``, ``mfma`` (instruction -> count).
 
@@ -18,6 +18,7 @@ package ``__init__`` files import its C++ extensions (the packages are registere
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import re
 import sys
@@ -25,7 +26,7 @@ import types
 from pathlib import Path
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int8": "int8", "int32": "int32",
-          "int64": "int64", "uint8": "uint8", "int16": "int16"}
+          "int64": "int64", "uint8": "uint8", "int16": "int16", "bool": "bool"}
 
 
 def _minimal_torch() -> types.ModuleType:
@@ -172,8 +173,10 @@ def look_up(site_packages: Path, request: dict, torch) -> dict:
     """Call AITER's own config lookup (``request["function"]`` of the first of ``modules`` in the tree) with the
     arch the stand-in driver reports; ``{"dtype": "bf16"}`` arguments become torch dtypes."""
     module, function = _kernel(site_packages, request["modules"], request["function"])
-    args = [getattr(torch, DTYPES[arg["dtype"]]) if isinstance(arg, dict) else arg for arg in request["args"]]
-    found = function(*args)
+    args = [getattr(torch, DTYPES[arg["dtype"]]) if isinstance(arg, dict) else arg for arg in request.get("args", [])]
+    # keyword arguments the release's lookup does not take are dropped (0.1.7's HSTU lookups take seven, later one)
+    taken = inspect.signature(function).parameters
+    found = function(*args, **{name: value for name, value in request.get("kwargs", {}).items() if name in taken})
     config = found[0] if isinstance(found, tuple) else found  # 0.1.20's GEMM lookup also says whether it was tuned
     return {"id": request["id"], "ok": True, "function": f"{module}:{request['function']}", "config": dict(config)}
 

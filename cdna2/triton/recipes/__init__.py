@@ -15,5 +15,10 @@ from cdna2.triton.recipes import attention, gemm, sizes
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
 MODULES = (sizes, gemm, attention)
-RECIPES: dict[str, Callable[[dict, str, tuple[int, int] | None], list[sizes.Path]]] = {
-    "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd}
+# A recipe is f(config, key, shape, **host_inputs): the keyword arguments are the values AITER's wrapper reads from
+# the device at run time, named by the op's host_inputs in the rules (the host's, never MI300X's).
+RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
+    "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd,
+    "extend_attention": attention.extend_attention, "lean_attention": attention.lean_attention,
+    "mla_decode_rope": attention.mla_decode_rope, "hstu_attention_fwd": attention.hstu_attention_fwd,
+    "hstu_attention_bwd": attention.hstu_attention_bwd}

@@ -1,21 +1,31 @@
-"""AITER's own config lookups, run as on a gfx90a host, find gemm_a16w16's and MHA's configs on every AITER release
-once the aiter-triton-gfx90a set is applied, and fail by name without it."""
+"""AITER's own config lookups, run as on a gfx90a host, find the configs of every op the aiter-triton-gfx90a set gives
+one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU) on every AITER release once the set is applied, and fail by
+name without it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from cdna2.patches import load_catalog
+from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.patches.cli import apply_in_place
 from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.proof import look_up
+from cdna2.triton.proof import CONFIGS, LOOKUPS, look_up
 from lab import wheelhouse
 from releases import coverage, discovery
 
 pytestmark = pytest.mark.slow
 SET = "aiter-triton-gfx90a"
+DATA = PACKAGE_DIR / "data" / "triton-configs"
+# LOOKUPS id -> (its derived file under the configs directory, the section the lookup returns; None: the whole file)
+ATTENTION = {"extend_attention": ("*-EXTEND_ATTENTION.json", "large_head_or_fp32"),
+             "lean_attention": ("*-LEANATTN-DEFAULT.json", "any"),
+             "mla_decode_rope": ("*-MLA_DECODE_ROPE-DEFAULT.json", None),
+             "hstu_attn_fwd": ("hstu_attn/*-HSTU_ATTN_FWD.json", "batch_512"),
+             "hstu_attn_bwd": ("hstu_attn/*-HSTU_ATTN_BWD.json", "large_batch")}
 
 
 def _patched(catalog, tree, scratch):
@@ -65,6 +75,12 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
         # M = 4096 reads the "any" bucket, stepped down for gfx90a: the derived config, not gfx942's
         assert found["gemm_a16w16"]["config"]["BLOCK_SIZE_N"] == 128, (release, found)
         assert found["mha"]["config"]["BLOCK_M"] == 128, (release, found)
+        # the attention lookups return the committed gfx90a configs (extend: a 576-wide head; HSTU: 512 sequences)
+        derived = DATA / ("0.1.7" if release == "0.1.7" else "0.1.16-main") / CONFIGS
+        for op, (name, section) in ATTENTION.items():
+            expected = json.loads(next(derived.glob(name)).read_text())
+            assert found[op]["ok"], (release, op, found[op])
+            assert found[op]["config"] == (expected[section] if section else expected), (release, op, found[op])
         checked.append(release)
     assert len(checked) == 16, checked
 
@@ -73,6 +89,7 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
 def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aiter_017_tree):
     tree = aiter_017_tree if release == "0.1.7" else coverage.aiter_triton_tree(aiter_git_dir, release)
     found = look_up(tree, DEFAULT_TRITON, "gfx90a")
-    assert not found["gemm_a16w16"]["ok"] and not found["mha"]["ok"], found
+    assert len(found) == len(LOOKUPS) and not any(result["ok"] for result in found.values()), found
     expected = "KeyError" if release == "0.1.7" else "FileNotFoundError"  # 0.1.7: no gfx90a device name
-    assert found["mha"]["error"].startswith(expected), found
+    # GEMM's own lookup asserts the file exists (AssertionError) where it names configs by arch
+    assert all(result["error"].startswith(expected) for op, result in found.items() if op != "gemm_a16w16"), found

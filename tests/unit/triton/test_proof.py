@@ -49,14 +49,16 @@ def test_host_values_replace_mi300x_ones():
 @pytest.mark.slow
 def test_whole_017_tree_every_derived_config_compiles_within_lds(proof_017):
     derived = [entry for entry in proof_017["entries"] if entry["status"] in ("derived", "stepped-down")]
-    assert {entry["op"] for entry in derived} == {"gemm_a16w16", "mha"}
+    assert {entry["op"] for entry in derived} == {"gemm_a16w16", "mha", "extend_attention", "lean_attention",
+                                                  "mla_decode_rope", "hstu_attn_fwd", "hstu_attn_bwd"}
     assert not [entry for entry in proof_017["entries"] if entry["status"] == "failed"]
     for entry in derived:
         for config in entry["configs"]:
             assert config["compiled"] and config["paths"], (entry["file"], config["key"])
             for path, result in config["paths"].items():
                 assert result["ok"] and result["lds_bytes"] <= LIMIT, (entry["file"], config["key"], path)
-                assert result["mfma"], (entry["file"], config["key"], path)  # the dots became MFMA
+                if (entry["op"], config["key"]) != ("mla_decode_rope", "fwd_kernel_stage2"):  # a reduction, no dot
+                    assert result["mfma"], (entry["file"], config["key"], path)  # the dots became MFMA
                 if not config["gfx942"][path]["vgpr_spills"]:
                     assert not result["vgpr_spills"], (entry["file"], config["key"], path)
     gemm = next(entry for entry in derived if entry["op"] == "gemm_a16w16")
