@@ -2,8 +2,9 @@
 holding one triton wheel (``python worker.py < job.json``). Standard library and that triton only.
 
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
-"tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
-the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names).
+"tensor_dtype", "tensors", "language_dtypes"?, "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of
+``modules`` present in the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype
+``tensors`` names); a constexpr named in ``language_dtypes`` gets that ``tl`` dtype (a compute type).
 With ``"lookups": [{"id", "modules", "function", "args"}]`` it calls AITER's own config lookups instead, as they run
 on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
@@ -47,6 +48,7 @@ def _minimal_torch() -> types.ModuleType:
     torch.dtype, torch.Tensor = dtype, Tensor
     for name in set(DTYPES.values()):
         setattr(torch, name, dtype(name))
+    torch.float = torch.float32  # moe_config_utils compares the activation dtype with torch.float
     torch.version = types.SimpleNamespace(hip="stand-in", cuda=None)
     return torch
 
@@ -139,7 +141,11 @@ def kernel_arguments(jit, computed: set[str], request: dict, torch) -> tuple[dic
     from triton.runtime.jit import MockTensor
     from triton.backends.amd.compiler import HIPOptions
 
+    import triton.language as tl
+
     values, tensors = request["values"], request.get("tensors", {})
+    values = {**values, **{name: getattr(tl, DTYPES[dtype]) for name, dtype in
+                           request.get("language_dtypes", {}).items()}}
     arguments = {}
     for param in jit.params:
         name = param.name

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cdna2.triton.recipes import attention, gemm, sizes
+from cdna2.triton.recipes import attention, conv, gemm, moe, sizes
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
-MODULES = (sizes, gemm, attention)
+MODULES = (sizes, gemm, attention, moe, conv)
 RECIPES: dict[str, Callable[[dict, str, tuple[int, int] | None], list[sizes.Path]]] = {
-    "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd}
+    "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd,
+    "moe_bf16": moe.moe_bf16, "moe_int8_w8a16": moe.moe_int8_w8a16, "moe_int4_w4a16": moe.moe_int4_w4a16,
+    "moe_routing_sigmoid_top1": moe.moe_routing_sigmoid_top1,
+    "conv_1x1": conv.conv_1x1, "conv_3x3_nhwc": conv.conv_3x3_nhwc, "conv_3x3_cblocked": conv.conv_3x3_cblocked,
+    "conv_general": conv.conv_general, "conv_winograd_gemm": conv.conv_winograd_gemm,
+    "conv_winograd_input": conv.conv_winograd_input, "conv_winograd_output": conv.conv_winograd_output}
