@@ -56,7 +56,9 @@ def _plain(config: dict, k: int, routed: bool, persistent: bool = False, module:
 
 def _grouped(config: dict, k: int, group_size: int, int4: bool, zero_point: bool, silu: bool = False) -> dict:
     """``_fused_moe_kernel_gptq_awq``: int4 (two per byte) or int8 weights, scales (and zero points) per group."""
-    values = {"group_size": group_size, "MUL_ROUTED_WEIGHT": False, "has_zp": zero_point,
+    # fused_moe_silu's launch adds block_k_diviable = K % BLOCK_SIZE_K == 0 (the hidden size, A.shape[1])
+    values = {"group_size": group_size, "block_k_diviable": k % config["BLOCK_SIZE_K"] == 0,
+              "MUL_ROUTED_WEIGHT": False, "has_zp": zero_point,
               "use_int4_w4a16": int4, "use_int8_w8a16": not int4}
     weight = "uint8" if int4 else "int8"
     tensors = {"b_ptr": weight, "b_scale_ptr": "bf16", "b_zp_ptr": weight}

@@ -1,21 +1,25 @@
-"""AITER's own config lookups, run as on a gfx90a host, find gemm_a16w16's and MHA's configs on every AITER release
-once the aiter-triton-gfx90a set is applied, and fail by name without it."""
+"""AITER's own config lookups, run as on a gfx90a host, find the configs of gemm_a16w16, MHA, the fused MoE and its
+top-1 routing on every AITER release once the aiter-triton-gfx90a set is applied, and fail by name without it (the
+MoE lookup falls back to a default written in code)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 
 from cdna2.patches import load_catalog
 from cdna2.patches.cli import apply_in_place
+from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.proof import look_up
+from cdna2.triton.proof import CONFIGS, look_up
 from lab import wheelhouse
 from releases import coverage, discovery
 
 pytestmark = pytest.mark.slow
 SET = "aiter-triton-gfx90a"
+DATA = PACKAGE_DIR / "data" / "triton-configs"
 
 
 def _patched(catalog, tree, scratch):
@@ -38,6 +42,12 @@ def _whole(triton_tree, patched, scratch):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, target)
     return root
+
+
+def _shipped(release, name):
+    """The shipped gfx90a MoE file ``name`` (after ``moe/<arch>-``) of ``release``, as a dict."""
+    variant, arch = ("0.1.7", "MI200") if release == "0.1.7" else ("0.1.16-main", "gfx90a")
+    return json.loads((DATA / variant / CONFIGS / "moe" / f"{arch}-{name}.json").read_text())
 
 
 def _releases(git_dir):
@@ -65,6 +75,12 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
         # M = 4096 reads the "any" bucket, stepped down for gfx90a: the derived config, not gfx942's
         assert found["gemm_a16w16"]["config"]["BLOCK_SIZE_N"] == 128, (release, found)
         assert found["mha"]["config"]["BLOCK_M"] == 128, (release, found)
+        # MoE (M = 4096: large_M) and top-1 routing (N128.large): the shipped gfx90a files, not the code's default
+        for dtype, lookup in (("DEFAULT", "bf16"), ("INT8_W8A16", "int8_w8a16"), ("INT4_W4A16", "int4_w4a16")):
+            expected = _shipped(release, f"MOE-{dtype}")["large_M"]
+            assert found[f"moe {lookup}"]["config"] == expected, (release, dtype, found)
+        routing = _shipped(release, "MOE_ROUTING_SIGMOID_TOPK1")["N128"]["large"]
+        assert found["moe_routing_sigmoid_top1"]["config"] == routing, (release, found)
         checked.append(release)
     assert len(checked) == 16, checked
 
@@ -76,3 +92,8 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     assert not found["gemm_a16w16"]["ok"] and not found["mha"]["ok"], found
     expected = "KeyError" if release == "0.1.7" else "FileNotFoundError"  # 0.1.7: no gfx90a device name
     assert found["mha"]["error"].startswith(expected), found
+    assert found["moe_routing_sigmoid_top1"]["error"].startswith(expected), found
+    if release == "0.1.7":
+        assert found["moe bf16"]["error"].startswith("KeyError"), found
+    else:  # no file: get_optimal_moe_config's default in code, gfx942's large_M tiles, never compiled for gfx90a
+        assert found["moe bf16"]["config"]["BLOCK_SIZE_N"] == 256, found
