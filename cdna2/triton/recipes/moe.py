@@ -7,7 +7,8 @@ the same kernels): a weight quantised in groups (``block_shape[1] > 0``, int8 or
 ``_fused_moe_kernel_gptq_awq``; everything else ``_fused_moe_kernel``; ``moe_set_use_persistent_kernel(True)``
 swaps each for its persistent twin. The kernel's ``EVEN_K`` heuristic is ``K % BLOCK_SIZE_K == 0``: a hidden size
 that BLOCK_SIZE_K does not divide takes the masked loads. ``NUM_XCDS`` is ``device_info.get_num_xcds()``, which
-returns 8 on every device (gfx90a too): the remapping stays a permutation of the grid on one die.
+returns 8 on every device (gfx90a too): the remapping stays a permutation of the grid on one die. The top-1
+sigmoid routing (``moe_routing_sigmoid_top1_fused.py``) has its own file and lookup, at the end.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ KERNELS = "aiter.ops.triton._triton_kernels"
 
 
 def _modules(name: str) -> list[str]:
-    """The kernel module in 0.1.7's flat layout, and in 0.1.16's moe/ package."""
+    """The kernel module in 0.1.7's flat layout, and in the moe/ package from 0.1.16 on."""
     return [f"{KERNELS}.{name}", f"{KERNELS}.moe.{name}"]
 
 
-TOP_K, WANTED_XCDS = 2, 8  # vLLM's Mixtral-like top-2; get_num_xcds()'s constant
+TOP_K, AITER_XCDS = 2, 8  # vLLM's Mixtral-like top-2; get_num_xcds()'s constant
 # moe_op.fused_moe's persistent grid: multi_processor_count * 2 of the running device (an MI210's 104 CUs); it
 # only bounds the persistent loop's stride, so one value serves the proof of every host.
 PERSISTENT_PROGRAMS = 2 * 104
@@ -32,7 +33,7 @@ INDEX_TENSORS = {"sorted_token_ids_ptr": "int32", "expert_ids_ptr": "int32", "nu
 
 def _request(config: dict, kernel: str, k: int, tensors: dict, values: dict, module: str) -> dict:
     chosen = {**config, "N": GEMM_N, "K": k, "stride_ak": 1, "stride_bk": 1, "stride_cn": 1, "top_k": TOP_K,
-              "NUM_XCDS": WANTED_XCDS, **values}
+              "NUM_XCDS": AITER_XCDS, **values}
     if kernel.startswith("_fused_moe_persistent"):
         chosen["NUM_SMS"] = PERSISTENT_PROGRAMS
     return {"modules": _modules(module), "kernel": kernel, "values": chosen, "tensor_dtype": "bf16",
