@@ -213,8 +213,8 @@ LOOKUPS = (
 
 
 def look_up(site_packages: Path, triton_version: str, arch: str) -> dict[str, dict]:
-    """AITER's own lookups of the configs the set adds (``LOOKUPS``) in ``site_packages``, run as on a host of ``arch``:
-    ``{op: {"ok", "config" | "error"}}``."""
+    """AITER's own lookups of the configs the set adds (``LOOKUPS``) in ``site_packages``, run as on a host of
+    ``arch``: ``{op: {"ok", "config" | "error"}}``."""
     python = toolchain.triton_python(triton_version)
     return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")
 

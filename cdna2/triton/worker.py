@@ -138,10 +138,9 @@ def kernel_arguments(jit, computed: set[str], request: dict, torch) -> tuple[dic
     """Every argument of the kernel by name, and the request's values it does not take. A pointer parameter
     (``*_ptr``, or named in ``tensors``) gets a MockTensor, a stride or other scalar the request leaves out 64; a
     constexpr without a value or default is left out, and Triton names it."""
+    import triton.language as tl
     from triton.runtime.jit import MockTensor
     from triton.backends.amd.compiler import HIPOptions
-
-    import triton.language as tl
 
     values, tensors = request["values"], request.get("tensors", {})
     values = {**values, **{name: getattr(tl, DTYPES[dtype]) for name, dtype in
