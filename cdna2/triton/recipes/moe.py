@@ -50,8 +50,8 @@ def _plain(config: dict, k: int, routed: bool, persistent: bool = False, module:
     values = {"group_n": 0, "group_k": 0, "BLOCK_SCALE": False, "MUL_ROUTED_WEIGHT": routed, "use_fp8_w8a8": False,
               "use_int8_w8a16": int8}
     tensors = {"a_scale_ptr": "fp32", "b_scale_ptr": "fp32"}
-    if int8:
-        tensors.update({"b_ptr": "int8", "b_scale_ptr": "bf16"})
+    if int8:  # the per-channel scale is fp32 (AITER's tests: quantize_int8), the grouped ones bf16
+        tensors["b_ptr"] = "int8"
     return _request(config, kernel, k, tensors, values, module)
 
 
