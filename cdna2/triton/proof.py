@@ -215,6 +215,15 @@ LOOKUPS = (
                   "IS_DELTA_Q": False},
        "modules": ["aiter.ops.triton._triton_kernels.hstu_attention",
                    "aiter.ops.triton._triton_kernels.attention.hstu_attention"]} for way in ("fwd", "bwd")),
+    # get_optimal_moe_config(dtype, use_int8_w8a16, use_int8_w8a8, use_fp8_w8a8, use_int4_w4a16, use_mxfp4, M): with
+    # no file for the arch it returns a default written in code (0.1.16 on; 0.1.7 first fails at the device name)
+    *({"id": f"moe {name}", "function": "get_optimal_moe_config", "args": [{"dtype": "bf16"}, *flags, False, 4096],
+       "modules": ["aiter.ops.triton.utils.moe_config_utils"]}
+      for name, flags in (("bf16", [False, False, False, False]), ("int8_w8a16", [True, False, False, False]),
+                          ("int4_w4a16", [False, False, False, True]))),
+    {"id": "moe_routing_sigmoid_top1", "function": "_get_config", "args": [4096, 128, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.moe_routing_sigmoid_top1_fused",
+                 "aiter.ops.triton._triton_kernels.moe.moe_routing_sigmoid_top1_fused"]},
 )
 
 
@@ -274,7 +283,9 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
         for index, (proof, config) in enumerate(pending):
             recipe = recipes.RECIPES[ops[proof.op]["recipe"]]
             inputs = {name: profile[value] for name, value in ops[proof.op].get("host_inputs", {}).items()}
-            for path, request in recipe(config.config, config.key.rsplit(".", 1)[-1], _shape(proof.file), **inputs):
+            # the config's key below the op's sections: a bucket ("M_LEQ_64", "default") or a path ("N16.small")
+            key = config.key.split(".", 1)[1] if ops[proof.op].get("sections") else config.key
+            for path, request in recipe(config.config, key, _shape(proof.file), **inputs):
                 for arch in ["gfx90a", "gfx942"] if first else ["gfx90a"]:
                     identifier = f"{index}|{arch}|{path}"
                     requests.append({**request, "id": identifier, "arch": arch})

@@ -2,8 +2,9 @@
 holding one triton wheel (``python worker.py < job.json``). Standard library and that triton only.
 
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
-"tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
-the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names).
+"tensor_dtype", "tensors", "language_dtypes"?, "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of
+``modules`` present in the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype
+``tensors`` names); a constexpr named in ``language_dtypes`` gets that ``tl`` dtype (a compute type).
 With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead,
 as they run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
@@ -48,6 +49,7 @@ def _minimal_torch() -> types.ModuleType:
     torch.dtype, torch.Tensor = dtype, Tensor
     for name in set(DTYPES.values()):
         setattr(torch, name, dtype(name))
+    torch.float = torch.float32  # moe_config_utils compares the activation dtype with torch.float
     torch.version = types.SimpleNamespace(hip="stand-in", cuda=None)
     return torch
 
@@ -137,10 +139,13 @@ def kernel_arguments(jit, computed: set[str], request: dict, torch) -> tuple[dic
     """Every argument of the kernel by name, and the request's values it does not take. A pointer parameter
     (``*_ptr``, or named in ``tensors``) gets a MockTensor, a stride or other scalar the request leaves out 64; a
     constexpr without a value or default is left out, and Triton names it."""
+    import triton.language as tl
     from triton.runtime.jit import MockTensor
     from triton.backends.amd.compiler import HIPOptions
 
     values, tensors = request["values"], request.get("tensors", {})
+    values = {**values, **{name: getattr(tl, DTYPES[dtype]) for name, dtype in
+                           request.get("language_dtypes", {}).items()}}
     arguments = {}
     for param in jit.params:
         name = param.name

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cdna2.triton.recipes import attention, gemm, sizes
+from cdna2.triton.recipes import attention, conv, gemm, moe, sizes
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
-MODULES = (sizes, gemm, attention)
+MODULES = (sizes, gemm, attention, moe, conv)
 # A recipe is f(config, key, shape, **host_inputs): the keyword arguments are the values AITER's wrapper reads from
 # the device at run time, named by the op's host_inputs in the rules (the host's, never MI300X's).
 RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
     "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd,
     "extend_attention": attention.extend_attention, "lean_attention": attention.lean_attention,
     "mla_decode_rope": attention.mla_decode_rope, "hstu_attention_fwd": attention.hstu_attention_fwd,
-    "hstu_attention_bwd": attention.hstu_attention_bwd}
+    "hstu_attention_bwd": attention.hstu_attention_bwd,
+    "moe_bf16": moe.moe_bf16, "moe_int8_w8a16": moe.moe_int8_w8a16, "moe_int4_w4a16": moe.moe_int4_w4a16,
+    "moe_routing_sigmoid_top1": moe.moe_routing_sigmoid_top1,
+    "conv_1x1": conv.conv_1x1, "conv_3x3_nhwc": conv.conv_3x3_nhwc, "conv_3x3_cblocked": conv.conv_3x3_cblocked,
+    "conv_general": conv.conv_general, "conv_winograd_gemm": conv.conv_winograd_gemm,
+    "conv_winograd_input": conv.conv_winograd_input, "conv_winograd_output": conv.conv_winograd_output}

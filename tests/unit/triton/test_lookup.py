@@ -1,6 +1,6 @@
 """AITER's own config lookups, run as on a gfx90a host, find the configs of every op the aiter-triton-gfx90a set gives
-one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU) on every AITER release once the set is applied, and fail by
-name without it."""
+one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing) on every AITER release
+once the set is applied, and fail by name without it (the MoE lookup falls back to a default written in code)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,12 @@ def _whole(triton_tree, patched, scratch):
     return root
 
 
+def _shipped(release, name):
+    """The shipped gfx90a MoE file ``name`` (after ``moe/<arch>-``) of ``release``, as a dict."""
+    variant, arch = ("0.1.7", "MI200") if release == "0.1.7" else ("0.1.16-main", "gfx90a")
+    return json.loads((DATA / variant / CONFIGS / "moe" / f"{arch}-{name}.json").read_text())
+
+
 def _releases(git_dir):
     return ["0.1.7"] + discovery.aiter_releases(git_dir).releases
 
@@ -81,6 +87,12 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             expected = json.loads(next(derived.glob(name)).read_text())
             assert found[op]["ok"], (release, op, found[op])
             assert found[op]["config"] == (expected[section] if section else expected), (release, op, found[op])
+        # MoE (M = 4096: large_M) and top-1 routing (N128.large): the shipped gfx90a files, not the code's default
+        for dtype, lookup in (("DEFAULT", "bf16"), ("INT8_W8A16", "int8_w8a16"), ("INT4_W4A16", "int4_w4a16")):
+            expected = _shipped(release, f"MOE-{dtype}")["large_M"]
+            assert found[f"moe {lookup}"]["config"] == expected, (release, dtype, found)
+        routing = _shipped(release, "MOE_ROUTING_SIGMOID_TOPK1")["N128"]["large"]
+        assert found["moe_routing_sigmoid_top1"]["config"] == routing, (release, found)
         checked.append(release)
     assert len(checked) == 16, checked
 
@@ -89,7 +101,14 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
 def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aiter_017_tree):
     tree = aiter_017_tree if release == "0.1.7" else coverage.aiter_triton_tree(aiter_git_dir, release)
     found = look_up(tree, DEFAULT_TRITON, "gfx90a")
-    assert len(found) == len(LOOKUPS) and not any(result["ok"] for result in found.values()), found
     expected = "KeyError" if release == "0.1.7" else "FileNotFoundError"  # 0.1.7: no gfx90a device name
+    # MoE's lookup falls back to a default written in code from 0.1.16 on; every other one fails by name
+    falls_back = {op for op in found if op.startswith("moe ")} if release != "0.1.7" else set()
+    assert len(found) == len(LOOKUPS) and not any(found[op]["ok"] for op in set(found) - falls_back), found
     # GEMM's own lookup asserts the file exists (AssertionError) where it names configs by arch
-    assert all(result["error"].startswith(expected) for op, result in found.items() if op != "gemm_a16w16"), found
+    assert all(result["error"].startswith(expected) for op, result in found.items()
+               if op != "gemm_a16w16" and op not in falls_back), found
+    if release == "0.1.7":
+        assert found["moe bf16"]["error"].startswith("KeyError"), found
+    else:  # no file: get_optimal_moe_config's default in code, gfx942's large_M tiles, never compiled for gfx90a
+        assert found["moe bf16"]["config"]["BLOCK_SIZE_N"] == 256, found

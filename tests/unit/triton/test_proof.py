@@ -50,7 +50,8 @@ def test_host_values_replace_mi300x_ones():
 def test_whole_017_tree_every_derived_config_compiles_within_lds(proof_017):
     derived = [entry for entry in proof_017["entries"] if entry["status"] in ("derived", "stepped-down")]
     assert {entry["op"] for entry in derived} == {"gemm_a16w16", "mha", "extend_attention", "lean_attention",
-                                                  "mla_decode_rope", "hstu_attn_fwd", "hstu_attn_bwd"}
+                                                  "mla_decode_rope", "hstu_attn_fwd", "hstu_attn_bwd", "moe",
+                                                  "moe_int8_w8a16", "moe_int4_w4a16", "moe_routing_sigmoid_top1"}
     assert not [entry for entry in proof_017["entries"] if entry["status"] == "failed"]
     for entry in derived:
         for config in entry["configs"]:
