@@ -17,7 +17,9 @@ def table(result: dict) -> str:
              f"{' (cached)' if result['cached'] else ''}, proof took {result['seconds']} s"]
     for entry in result["entries"]:
         head = f"{entry['status']:<13} {entry['op']:<40} {entry['file']}"
-        if entry["configs"]:
+        if entry["status"] == "in-code":
+            head += " (config chosen in code, per call)"
+        elif entry["configs"]:
             head += f" -> {entry['target'] or '(none)'}"
         lines.append(head)
         for config in entry["configs"]:

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cdna2.triton.recipes import attention, gemm, sizes
+from cdna2.triton.recipes import attention, gemm, rope, sizes, unified_attention
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
-MODULES = (sizes, gemm, attention)
+MODULES = (sizes, gemm, attention, unified_attention, rope)
 RECIPES: dict[str, Callable[[dict, str, tuple[int, int] | None], list[sizes.Path]]] = {
-    "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd}
+    "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd,
+    "unified_attention": unified_attention.unified_attention, "rope_cached_2c_inplace": rope.rope_cached_2c_inplace}
+# Ops whose wrapper chooses the config in code, per call: recipe name -> the calls vLLM makes, each with the config
+# the wrapper picks on a host of that many CUs (``{case: config}``); each is compiled by RECIPES[name] as it is.
+IN_CODE: dict[str, Callable[[int], dict[str, dict]]] = {"unified_attention": unified_attention.cases,
+                                                        "rope_cached_2c_inplace": rope.cases}
