@@ -39,7 +39,7 @@ MHA_GATES = ("rocm_aiter_ops.is_mha_enabled()", "AiterFlashAttentionBackend.supp
 SHUFFLE_GATE = "rocm_aiter_ops.is_shuffle_kv_cache_enabled()"
 INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKernel.is_supported()",
               "rocm_aiter_w8a8_gemm op registered")
-TRITON_GEMM_GATE = "rocm_aiter_ops.is_triton_gemm_enabled()"  # the optional vllm-aiter-triton-gemm set opens it
+TRITON_GEMM_GATE = "rocm_aiter_ops.is_triton_gemm_enabled()"  # the optional vllm-aiter-triton-ops set opens it
 MI210_CUS = 104  # pa_fwd_asm runs only when num_seqs * num_heads > 2 * CUs (field-notes 7.2)
 
 
