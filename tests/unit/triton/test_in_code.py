@@ -1,6 +1,7 @@
-"""The ops vLLM calls whose config AITER's wrapper picks in code (unified attention, rope): the wrapper's arithmetic
-repeated per case, which trees hold them, and one compile per kernel for gfx90a on 0.1.7 and v0.1.20.post1 (one
-worker call per tree; the whole set of cases is `triton-configs`' proof)."""
+"""The ops vLLM calls whose config AITER's wrapper picks in code (unified attention, rope, fused add-rmsnorm-pad): the
+wrapper's arithmetic
+repeated per case, which trees hold them, and one compile per kernel for gfx90a on 0.1.7 and v0.1.20.post1 (one worker
+call per tree; the whole set of cases is `triton-configs`' proof)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from cdna2.triton import proof, recipes
 from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.recipes import rope, unified_attention
+from cdna2.triton.recipes import norm, rope, unified_attention
 from cdna2.triton.toolchain import triton_python
 from releases import coverage
 
@@ -47,21 +48,31 @@ def test_rope_cases_repeat_the_wrappers_choice():
     assert request["values"]["HAVE_OFFS"] and request["values"]["BLOCK_D_HALF"] == 32 and "head" not in request["values"]
 
 
+def test_rmsnorm_pad_cases_repeat_the_wrappers_choice():
+    cases = norm.cases(MI210_CUS)
+    # gpt-oss: 2880 padded to a multiple of 256 is 3072, one program per row over next_power_of_2(3072) = 4096
+    assert cases["hidden 2880 pad to 256"] == {"N": 2880, "N_OUT": 3072, "BLOCK_SIZE_N": 4096}
+    assert cases["hidden 5120"]["BLOCK_SIZE_N"] == 8192
+
+
 def test_in_code_ops_by_release(aiter_017_tree, aiter_git_dir):
     rules = proof.load_rules()
     on_017 = {entry.op: entry for entry in proof.in_code(aiter_017_tree, rules, "MI210")}
     # 0.1.7 has aiter/ops/triton/rope.py, not the rope/rope.py vLLM imports: no rope entry there
-    assert set(on_017) == {"unified_attention"} and on_017["unified_attention"].file.endswith("/unified_attention.py")
+    assert set(on_017) == {"unified_attention", "fused_add_rmsnorm_pad"}
+    assert on_017["unified_attention"].file == "aiter/ops/triton/unified_attention.py"
     tree = coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
     on_020 = {entry.op: entry for entry in proof.in_code(tree, rules, "MI210")}
     assert on_020["unified_attention"].file == "aiter/ops/triton/attention/unified_attention.py"
     assert on_020["rope"].file == "aiter/ops/triton/rope/rope.py"
+    assert on_020["fused_add_rmsnorm_pad"].file == "aiter/ops/triton/normalization/fused_add_rmsnorm_pad.py"
     assert all(entry.status == "in-code" and entry.target is None and entry.configs for entry in on_020.values())
 
 
 def _one_case_per_kernel(names: list[str]) -> list[dict]:
-    """One case per kernel path: every kernel these ops launch (2d, 3d and its reduction, rope's three)."""
+    """One case per kernel path: every kernel these ops launch (2d, 3d and its reduction, rope's three, the norm)."""
     chosen = {"unified_attention": ["2d sliding-window prefill hd128 bs16", "3d decode hd128 bs16"],
+              "fused_add_rmsnorm_pad": ["hidden 2880 pad to 256"],
               "rope_cached_2c_inplace": ["gqa neox decode hd128", "gqa gptj prefill hd128", "mha neox prefill hd128"]}
     requests = []
     for name in names:
@@ -76,17 +87,18 @@ def _one_case_per_kernel(names: list[str]) -> list[dict]:
 def compiled(aiter_017_tree, aiter_git_dir):
     python = triton_python(DEFAULT_TRITON)
     tree = coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
-    return {"0.1.7": proof._run_worker(python, aiter_017_tree, _one_case_per_kernel(["unified_attention"]), "gfx90a",
-                                       lambda line: None),
+    return {"0.1.7": proof._run_worker(python, aiter_017_tree, _one_case_per_kernel(
+                ["unified_attention", "fused_add_rmsnorm_pad"]), "gfx90a", lambda line: None),
             "v0.1.20.post1": proof._run_worker(python, tree, _one_case_per_kernel(
-                ["unified_attention", "rope_cached_2c_inplace"]), "gfx90a", lambda line: None)}
+                ["unified_attention", "rope_cached_2c_inplace", "fused_add_rmsnorm_pad"]), "gfx90a",
+                lambda line: None)}
 
 
 @pytest.mark.slow
 def test_each_kernel_compiles_for_gfx90a_within_lds_without_spills(compiled):
-    assert [len(results) for results in compiled.values()] == [3, 6]
+    assert [len(results) for results in compiled.values()] == [4, 7]
     for release, results in compiled.items():
         for name, result in results.items():
             assert result["ok"] and result["lds_bytes"] <= LIMIT and not result["vgpr_spills"], (release, name, result)
-            dots = name.endswith(": 2d") or name.endswith(": 3d")  # attention dots; the reduction and rope do not
+            dots = name.endswith(": 2d") or name.endswith(": 3d")  # attention dots; the reduction, rope, norm do not
             assert bool(result["mfma"]) == dots, (release, name, result["mfma"])
