@@ -39,7 +39,10 @@ MHA_GATES = ("rocm_aiter_ops.is_mha_enabled()", "AiterFlashAttentionBackend.supp
 SHUFFLE_GATE = "rocm_aiter_ops.is_shuffle_kv_cache_enabled()"
 INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKernel.is_supported()",
               "rocm_aiter_w8a8_gemm op registered")
-TRITON_GEMM_GATE = "rocm_aiter_ops.is_triton_gemm_enabled()"  # the optional vllm-aiter-triton-gemm set opens it
+# The optional vllm-aiter-triton-ops set opens these on gfx90a, one AITER Triton op each.
+TRITON_GEMM_GATE = "rocm_aiter_ops.is_triton_gemm_enabled()"
+TRITON_ROPE_GATE = "rocm_aiter_ops.is_triton_rotary_embed_enabled()"
+AITER_UNIFIED = "ROCM_AITER_UNIFIED_ATTN"
 MI210_CUS = 104  # pa_fwd_asm runs only when num_seqs * num_heads > 2 * CUs (field-notes 7.2)
 
 
@@ -99,6 +102,12 @@ def _is_open(gates: dict, name: str) -> bool:
 def _attention_kernels(backend: str, arch: str, shape: dict, gates: dict) -> tuple[dict, dict, list[dict]]:
     """Prefill and decode kernel of ``backend`` for this shape, and the provisioned code objects they reach."""
     hsa = f"hsa/{arch}"
+    if backend == AITER_UNIFIED:
+        kernel = {"kernel": "AITER Triton unified_attention (kernel_unified_attention_2d, or _3d and reduce_segments)",
+                  "asm": False, "why": "ROCM_AITER_UNIFIED_ATTN serves prefill and decode with AITER's Triton kernels, "
+                                       "their tiles chosen in code per call (proven by compiling for gfx90a: "
+                                       "python -m cdna2 triton-configs)"}
+        return kernel, dict(kernel), []
     if backend != AITER_FA:
         path = {ROCM_ATTN: "vLLM's ROCm attention (Triton prefill, HIP/Triton paged decode)",
                 "TRITON_ATTN": "vLLM's Triton attention"}.get(backend, backend)
@@ -202,7 +211,16 @@ def interpret(outcome: dict, model: str, shape: dict, environment: dict[str, str
     linear, kernels = _linear_kernel(shape, gates)
     reached += kernels
     return {"model": model, "arch": arch, "order": order, "shape": shape, "attention": layers, "linear": linear,
-            "code_objects": reached}
+            "rotary": _rotary_kernel(gates), "code_objects": reached}
+
+
+def _rotary_kernel(gates: dict) -> dict:
+    if _is_open(gates, TRITON_ROPE_GATE):
+        return {"kernel": "AITER Triton rope_cached_thd_positions_offsets_2c_fwd_inplace", "asm": False,
+                "why": f"{_gate(gates, TRITON_ROPE_GATE)}: RotaryEmbedding calls AITER's Triton rope in place"}
+    return {"kernel": "vLLM's own rotary embedding", "asm": False,
+            "why": f"{_gate(gates, TRITON_ROPE_GATE)} (VLLM_ROCM_USE_AITER_TRITON_ROPE=1 and, on gfx90a, the optional "
+                   "vllm-aiter-triton-ops set open it)"}
 
 
 def render(explanation: dict, target: dict) -> str:
@@ -217,6 +235,7 @@ def render(explanation: dict, target: dict) -> str:
         lines.append(f"    decode: {layer['decode']['kernel']} ({layer['decode']['why']})")
         lines += [f"    gate: {line}" for line in layer["decided_by"]]
     lines.append(f"  linear layers: {explanation['linear']['kernel']} ({explanation['linear']['why']})")
+    lines.append(f"  rotary embedding: {explanation['rotary']['kernel']} ({explanation['rotary']['why']})")
     if explanation["code_objects"]:
         lines.append("  provisioned code objects reached:")
         lines += [f"    {entry['kernel']}: {entry['code_objects']} ({entry['when']})"

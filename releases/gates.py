@@ -8,8 +8,9 @@ reports what each gate answers. This module only judges those answers; it import
 
 Expected per release: stock gfx90a has every attention gate closed; patched gfx90a has every attention gate open,
 every FP8/FP4 gate closed, the CK int8 GEMM gates open exactly when vllm-ck-int8-gemm was applied, the software FP8
-decode gate open exactly when vllm-fast-fp8-dequant was applied, AITER's Triton GEMM gate open exactly when
-vllm-aiter-triton-gemm was applied, and every other gate as stock; on gfx942 every gate
+decode gate open exactly when vllm-fast-fp8-dequant was applied, AITER's Triton op gates (GEMM, rope, the unified
+attention backend in the candidate list) open exactly when vllm-aiter-triton-ops was applied, and every other gate as
+stock; on gfx942 every gate
 answers the same before and after (a gate the patch adds must stay closed there). A linear kernel that none of
 vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it.
 
@@ -17,8 +18,9 @@ Backend selection, for the model configs in releases/vllm_gates/models/ (vLLM's 
 model, in the prefer order, the stock order and with --attention-backend ROCM_AITER_FA): patched gfx90a picks
 ROCM_AITER_FA for a model with full attention only, and never for any layer of a model with a sliding-window layer
 (field-notes 7.1: it corrupts them silently), logging the guard's reason, with which an explicit ROCM_AITER_FA is
-refused; stock gfx90a never picks it; on gfx942 the stock order and the explicit choice are the same before and
-after.
+refused; stock gfx90a never picks it; where vllm-aiter-triton-ops was applied, an explicit ROCM_AITER_UNIFIED_ATTN
+serves the full-attention model and is refused by its own sliding-window guard for the others, and no order picks it
+for a sliding-window model; on gfx942 the stock order and both explicit choices are the same before and after.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ MODELS = RUNNER.parent / "models"  # HF config.json files of the model shapes th
 AITER_FA = "ROCM_AITER_FA"
 GUARD_REASON = "is served wrong by ROCM_AITER_FA on gfx90a"  # in vllm-attention-gate's sliding-window-guard site
 PREFER, STOCK_ORDER, EXPLICIT = "prefer", "stock order", "explicit ROCM_AITER_FA"  # vllm_gates/runner.py ORDERS
-CK_INT8_SET, FAST_FP8_SET, TRITON_GEMM_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant", "vllm-aiter-triton-gemm"
+AITER_UNIFIED = "ROCM_AITER_UNIFIED_ATTN"
+EXPLICIT_UNIFIED = f"explicit {AITER_UNIFIED}"  # vllm_gates/selection.py EXPLICITS
+UNIFIED_GUARD_REASON = "ROCM_AITER_UNIFIED_ATTN is declined on gfx90a for sliding-window models"  # vllm-aiter-triton-ops
+CK_INT8_SET, FAST_FP8_SET, TRITON_OPS_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant", "vllm-aiter-triton-ops"
 # Every AITER feature switched on, so a closed gate is closed by the arch, never by an operator's default.
 ENVIRONMENT = {name: "1" for name in (
     "VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_LINEAR", "VLLM_ROCM_USE_AITER_MOE", "VLLM_ROCM_USE_AITER_MLA",
@@ -68,8 +73,9 @@ INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKern
 # vllm-fast-fp8-dequant's own gate: block-FP8 GEMMs already run on gfx90a in Triton, decoding FP8 in software; the
 # set routes them to a faster decode (field-notes 4.5). No FP8 hardware path is opened.
 FP8_SOFTWARE_GATES = ("_gfx90a_fast_fp8_eligible() (e4m3fn, fp32 scales, 128x128 blocks)",)
-# vllm-aiter-triton-gemm's: AITER Triton ops whose gfx90a configs were proven by compiling them (cdna2.triton).
-TRITON_GATES = ("rocm_aiter_ops.is_triton_gemm_enabled()",)
+# vllm-aiter-triton-ops's: AITER Triton ops whose kernels were proven by compiling them for gfx90a (cdna2.triton).
+TRITON_GATES = ("rocm_aiter_ops.is_triton_gemm_enabled()", "rocm_aiter_ops.is_triton_rotary_embed_enabled()",
+                f"_get_backend_priorities() has {AITER_UNIFIED}")
 # The master gate admits every AITER op, AITER's FP8 GEMMs among them (field-notes 7.4).
 FP8_FP4_PATTERN = re.compile(r"fp8|fp4|is_aiter_found_and_supported", re.IGNORECASE)
 
@@ -180,7 +186,7 @@ def judge(release: ReleaseGates) -> list[str]:
             elif outcome["result"]["detected"]["gcn_arch"] != arch:
                 failures.append(f"{arch} {tree}: vLLM detected {outcome['result']['detected']['gcn_arch']}")
     applied = {INT8: CK_INT8_SET in release.applied_sets, FP8_SOFTWARE: FAST_FP8_SET in release.applied_sets,
-               TRITON: TRITON_GEMM_SET in release.applied_sets}
+               TRITON: TRITON_OPS_SET in release.applied_sets}
     for gate in release.gate_names():
         kind = category(gate)
         cells = {(arch, tree): _cell(release.answer(gate, arch, tree)) for arch, tree in COLUMNS}
@@ -241,16 +247,26 @@ def judge_selection(release: ReleaseGates) -> list[str]:
             continue
         sliding = "sliding" in patched["layers"]
         for kind, choice in patched["choices"][PREFER].items():
-            if sliding and choice.get("backend") in (AITER_FA, None):
+            if sliding and choice.get("backend") in (AITER_FA, AITER_UNIFIED, None):
                 failures.append(f"{model} (sliding-window layers) on patched gfx90a ({PREFER}), {kind} layers: "
-                                f"{choice_label(choice)}; expected a backend other than {AITER_FA}")
+                                f"{choice_label(choice)}; expected a backend other than {AITER_FA} and "
+                                f"{AITER_UNIFIED}")
             if not sliding and choice.get("backend") != AITER_FA:
                 failures.append(f"{model} (full attention) on patched gfx90a ({PREFER}), {kind} layers: "
                                 f"{choice_label(choice)}; expected {AITER_FA}")
         for kind, choice in patched["choices"][STOCK_ORDER].items():
-            if sliding and choice.get("backend") == AITER_FA:
+            if sliding and choice.get("backend") in (AITER_FA, AITER_UNIFIED):
                 failures.append(f"{model} (sliding-window layers) on patched gfx90a ({STOCK_ORDER}), {kind} layers: "
-                                f"{AITER_FA}")
+                                f"{choice['backend']}")
+        if TRITON_OPS_SET in release.applied_sets:
+            for kind, choice in patched["choices"].get(EXPLICIT_UNIFIED, {}).items():
+                if sliding and UNIFIED_GUARD_REASON not in choice.get("refused", ""):
+                    failures.append(f"{model} (sliding-window layers) on patched gfx90a ({EXPLICIT_UNIFIED}), {kind} "
+                                    f"layers: {choice_label(choice)}; expected the start-up refusal of its "
+                                    "sliding-window guard")
+                if not sliding and choice.get("backend") != AITER_UNIFIED:
+                    failures.append(f"{model} (full attention) on patched gfx90a ({EXPLICIT_UNIFIED}), {kind} layers: "
+                                    f"{choice_label(choice)}; expected {AITER_UNIFIED}")
         if sliding and not any(GUARD_REASON in text for text in patched.get("warnings", [])):
             failures.append(f"{model} (sliding-window layers) on patched gfx90a: vLLM logged no warning naming the "
                             f"guard's reason ({patched.get('warnings')})")
@@ -263,7 +279,7 @@ def judge_selection(release: ReleaseGates) -> list[str]:
                                 f"{choice_label(choice)}; expected {AITER_FA}")
         before = release.selection("gfx942", "stock").get(model, {}).get("choices", {})
         after = release.selection("gfx942", "patched").get(model, {}).get("choices", {})
-        for order in (STOCK_ORDER, EXPLICIT):
+        for order in (STOCK_ORDER, EXPLICIT, EXPLICIT_UNIFIED):
             if before.get(order) != after.get(order):
                 failures.append(f"{model} on gfx942 ({order}) changed: {_choices_cell(before.get(order))} stock, "
                                 f"{_choices_cell(after.get(order))} patched")
@@ -287,7 +303,7 @@ def render_selection(releases: list[ReleaseGates]) -> str:
             layers = next((selected["layers"] for arch, tree in COLUMNS
                            for selected in [release.selection(arch, tree).get(model)] if selected), {})
             layer_text = " + ".join(f"{count} {kind}" for kind, count in layers.items())
-            for order in (PREFER, STOCK_ORDER, EXPLICIT):
+            for order in (PREFER, STOCK_ORDER, EXPLICIT, EXPLICIT_UNIFIED):
                 cells = [_choices_cell(release.selection(arch, tree).get(model, {}).get("choices", {}).get(order))
                          for arch, tree in COLUMNS]
                 lines.append("| " + " | ".join([release.version, model, layer_text, order, *cells]) + " |")
@@ -306,7 +322,7 @@ def render(releases: list[ReleaseGates]) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     if any(release.models() for release in releases):
         lines += ["", "Attention backend chosen by vLLM's selector per model (VLLM_PREFER_AITER_FA=1 for prefer, 0 for "
-                  "the stock order; explicit: --attention-backend ROCM_AITER_FA, refused = vLLM raises at start-up)",
+                  "the stock order; explicit: --attention-backend NAME, refused = vLLM raises at start-up)",
                   "", render_selection(releases)]
     lines.append("")
     for release in releases:

@@ -53,8 +53,9 @@ DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITE
 class GpuCheck:
     """A GPU check: the smoke_gpu case it runs and what a load line's code object, relative to the provisioned
     hsa/gfx90a, must match (a regular expression; None: no proof), or the Triton kernel it must have launched.
-    ``needs`` lists files (under site-packages) of which one must exist for the check to apply: the configs the
-    optional patch set ``needs_set`` installs; without them the check is skipped, naming the set."""
+    ``needs`` lists files (under site-packages) of which one must exist for the check to apply; without them the
+    check is skipped, saying what they are (``needs_what``: the configs an optional patch set installs, or the
+    module an AITER release has)."""
 
     name: str
     case: str
@@ -62,7 +63,7 @@ class GpuCheck:
     what: str
     triton_kernel: str | None = None
     needs: tuple[str, ...] = ()
-    needs_set: str = ""
+    needs_what: str = ""
 
 
 GPU_ARCH = "gfx90a"
@@ -97,9 +98,25 @@ GPU_CHECKS = (
     GpuCheck(f"triton_gemm_a16w16_{size}", f"triton_gemm_a16w16_{size}", None,
              f"AITER Triton gemm_a16w16 bf16, {shape}", triton_kernel="_gemm_a16_w16_kernel",
              needs=("aiter/ops/triton/configs/gemm/MI200-GEMM-A16W16.json",
-                    "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json"), needs_set="aiter-triton-gfx90a")
+                    "aiter/ops/triton/configs/gemm/gfx90a-GEMM-A16W16.json"),
+             needs_what="the gfx90a configs the optional aiter-triton-gfx90a set installs; it is not applied on this "
+                        "host")
     for size, shape in (("small", "32 tokens, 640 x 2880"),
-                        ("large", "4096 tokens, 128 x 2880 (the stepped-down bucket)")))
+                        ("large", "4096 tokens, 128 x 2880 (the stepped-down bucket)"))) + (
+    # The Triton ops vLLM calls whose config AITER picks in code (vllm-aiter-triton-ops opens them on gfx90a); each
+    # must have launched its kernel. Unified attention also runs on a host without that set: ROCM_AITER_FA's decode
+    # calls it for head sizes under 64.
+    GpuCheck("triton_rope", "triton_rope", None,
+             "AITER Triton rope (vLLM's rotary embedding) bf16, NeoX, 300 tokens, 32/8 heads of 128",
+             triton_kernel="_rope_kernel_cached_thd_2c_gqa_onehead_fwd", needs=("aiter/ops/triton/rope/rope.py",),
+             needs_what="the module vLLM imports its Triton rope from, which AITER has from 0.1.10 on"),
+    GpuCheck("triton_unified_attention_decode", "triton_unified_attention_decode", None,
+             "AITER Triton unified_attention paged decode bf16, block 16, GQA 8, 8 sequences up to 1024 (3d kernel)",
+             triton_kernel="kernel_unified_attention_3d"),
+    GpuCheck("triton_unified_attention_sliding_window", "triton_unified_attention_sliding_window", None,
+             "AITER Triton unified_attention causal prefill with a sliding window of 256 over a paged KV cache, "
+             "lengths 200 and 1000 (2d kernel)", triton_kernel="kernel_unified_attention_2d"),
+)
 
 
 def error_figures(report: dict) -> str:
@@ -184,8 +201,7 @@ def gpu_checks(host_arch: str | None, run: GpuRun | None, no_gpu_reason: str | N
     if reason:
         why = f"the host probe saw {GPU_ARCH} but its GPU cannot be used: {reason}"
         return [result(check.name, GPU, FAILED, why) for check in GPU_CHECKS], probe_report.get("device"), why
-    unprovisioned = {check.name: f"{check.what} needs the gfx90a configs the optional {check.needs_set} set "
-                                 f"installs ({' or '.join(check.needs)}); it is not applied on this host"
+    unprovisioned = {check.name: f"{check.what} needs {check.needs_what} ({' or '.join(check.needs)})"
                      for check in checks
                      if check.needs and not any((run.site_packages / path).is_file() for path in check.needs)}
     checks = [check for check in checks if check.name not in unprovisioned]

@@ -614,6 +614,119 @@ def triton_gemm_a16w16(tokens: int, out_features: int, in_features: int) -> Call
     return run
 
 
+# The modules vLLM imports AITER's Triton rope and unified attention from (vllm/_aiter_ops.py,
+# vllm/v1/attention/backends/rocm_aiter_unified_attn.py); their configs are chosen in code, no file is needed.
+TRITON_ROPE_MODULE = "aiter.ops.triton.rope.rope"
+TRITON_UNIFIED_ATTENTION_MODULE = "aiter.ops.triton.unified_attention"
+ROPE_POSITIONS = 4096
+
+
+def triton_rope() -> dict:
+    """vLLM's Triton rotary embedding: ``rope_cached_thd_positions_offsets_2c_fwd_inplace`` called as
+    ``_triton_rotary_embedding_impl`` does (NeoX style, the whole head rotated, cos and sin halves of a bf16
+    cos_sin_cache, positions, no offsets), in place on q ``[300, 32, 128]`` and k ``[300, 8, 128]`` (GQA: AITER's
+    one-head kernel). In place, so no NaN can mark an unwritten element: every position is at least 1, where the
+    rotation moves every element, so one left as it was is off the reference."""
+    def rotate(x, cos, sin):
+        first, second = x.float().chunk(2, dim=-1)
+        return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
+
+    torch = importlib.import_module("torch")
+    rope = importlib.import_module(TRITON_ROPE_MODULE)
+    generator = torch.Generator().manual_seed(SEED)
+    tokens, dim = 300, 128
+    q = _uniform(torch, (tokens, 32, dim), generator)
+    k = _uniform(torch, (tokens, 8, dim), generator)
+    positions = torch.randint(1, ROPE_POSITIONS, (tokens,), generator=generator).to(DEVICE)
+    inverse = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(ROPE_POSITIONS, dtype=torch.float32), inverse)
+    cos, sin = torch.cat([angles.cos(), angles.sin()], dim=-1).to(torch.bfloat16).to(DEVICE).chunk(2, dim=-1)
+    at = (cos[positions].float()[:, None, :], sin[positions].float()[:, None, :])
+    reference = (rotate(q, *at), rotate(k, *at))
+    q_memory, k_memory = q.data_ptr(), k.data_ptr()
+
+    def call(q, k):
+        rope.rope_cached_thd_positions_offsets_2c_fwd_inplace(q, k, cos, sin, positions, None, 0,
+                                                              reuse_freqs_front_part=True, nope_first=False)
+
+    with triton_launches() as launched:
+        call(q, k)
+        _synchronize(torch)
+    figures = merged(compare(reference[0], q, 1.0), compare(reference[1], k, 1.0))
+    return {**figures, "prefilled": q.data_ptr() == q_memory and k.data_ptr() == k_memory,
+            "triton_kernels": sorted(set(launched)), "elapsed_ms": _timed(lambda: call(q.clone(), k.clone()), torch)}
+
+
+def _unified_attention(unified, torch, q, key_cache, value_cache, out, cu_seqlens_q, max_q, seq_lens, block_tables,
+                       window: int | None):
+    """AITER's unified_attention as vLLM's ROCM_AITER_UNIFIED_ATTN backend calls it (causal, KV scales as tensors of
+    ones, no softcap or sinks); ``window``: vLLM's sliding window, passed as window_size (window - 1, 0)."""
+    scales = torch.ones(seq_lens.shape[0], key_cache.shape[2], dtype=torch.float32, device=DEVICE)
+    unified.unified_attention(q=q, k=key_cache, v=value_cache, out=out, cu_seqlens_q=cu_seqlens_q,
+                              max_seqlen_q=max_q, seqused_k=seq_lens, max_seqlen_k=int(seq_lens.max()),
+                              softmax_scale=1 / math.sqrt(q.shape[-1]), causal=True,
+                              window_size=(window - 1, 0) if window else (-1, -1), block_table=block_tables,
+                              softcap=0, q_descale=None, k_descale=scales, v_descale=scales)
+    return out
+
+
+def triton_unified_attention_decode() -> dict:
+    """Paged decode through AITER's Triton ``unified_attention`` (vLLM's ROCM_AITER_UNIFIED_ATTN): bf16, block 16,
+    GQA 8, head_dim 128, 8 sequences up to 1,024 tokens: few programs against long KV, so the split-KV 3d kernel and
+    its reduction (``use_2d_kernel`` false on an MI210)."""
+    torch = importlib.import_module("torch")
+    unified = importlib.import_module(TRITON_UNIFIED_ATTENTION_MODULE)
+    inputs = PagedInputs(torch, [16, 57, 129, 257, 500, 1024, 33, 700], heads_q=32, heads_kv=4, dim=128, block=16)
+    # vLLM's layout: [blocks, block, kv_heads, dim]
+    key_cache, value_cache = (x.permute(0, 2, 1, 3).contiguous() for x in (inputs.keys, inputs.values))
+    cu_seqlens_q = torch.arange(len(inputs.context) + 1, dtype=torch.int32, device=DEVICE)
+
+    def call(out):
+        return _unified_attention(unified, torch, inputs.query, key_cache, value_cache, out, cu_seqlens_q, 1,
+                                  inputs.context_lens, inputs.block_tables, None)
+
+    prefilled_out = _nan(torch, inputs.out_shape())
+    with triton_launches() as launched:
+        out = call(prefilled_out)
+        _synchronize(torch)
+    figures = compare(inputs.reference(torch), out, float(inputs.values.abs().max()))
+    return {**figures, "prefilled": _same_memory(out, prefilled_out), "triton_kernels": sorted(set(launched)),
+            "elapsed_ms": _timed(lambda: call(_nan(torch, inputs.out_shape())), torch)}
+
+
+def triton_unified_attention_sliding_window() -> dict:
+    """Causal prefill with a sliding window (256) through AITER's Triton ``unified_attention`` over a paged KV cache
+    (block 16, blocks in a shuffled order): the 2d kernel, which a window always takes. One sequence shorter and one
+    much longer than the window, so an ignored window shows; the reference is the varlen case's."""
+    torch = importlib.import_module("torch")
+    unified = importlib.import_module(TRITON_UNIFIED_ATTENTION_MODULE)
+    inputs, block, window = VarlenInputs(torch, [200, 1000], heads_q=16, heads_kv=2, dim=128), 16, 256
+    per_seq = max(-(-length // block) for length in inputs.lengths)
+    order = torch.randperm(len(inputs.lengths) * per_seq, generator=torch.Generator().manual_seed(SEED))
+    block_tables = order.view(len(inputs.lengths), per_seq).to(torch.int32).to(DEVICE)
+    caches = []
+    for source in (inputs.k, inputs.v):
+        cache = torch.zeros(order.numel(), block, source.shape[1], source.shape[2], dtype=source.dtype, device=DEVICE)
+        for seq, (start, length) in enumerate(zip(inputs.starts, inputs.lengths)):
+            for index in range(-(-length // block)):
+                rows = source[start + index * block:start + min((index + 1) * block, length)]
+                cache[int(block_tables[seq, index]), :rows.shape[0]] = rows
+        caches.append(cache)
+    seq_lens = torch.tensor(inputs.lengths, dtype=torch.int32, device=DEVICE)
+
+    def call(out):
+        return _unified_attention(unified, torch, inputs.q, *caches, out, inputs.cu_seqlens, max(inputs.lengths),
+                                  seq_lens, block_tables, window)
+
+    prefilled_out = _nan(torch, inputs.out_shape())
+    with triton_launches() as launched:
+        out = call(prefilled_out)
+        _synchronize(torch)
+    figures = compare(inputs.reference(torch, window), out, float(inputs.v.abs().max()))
+    return {**figures, "prefilled": _same_memory(out, prefilled_out), "triton_kernels": sorted(set(launched)),
+            "elapsed_ms": _timed(lambda: call(_nan(torch, inputs.out_shape())), torch)}
+
+
 # Case name -> the function computing it. cdna2.host.smoke names the checks and judges the results.
 CASES: dict[str, Callable[[], dict]] = {
     "fmha_v3_fwd_noncausal": fmha_v3_fwd(causal=False, batch=2, seqlen=512),
@@ -631,6 +744,9 @@ CASES: dict[str, Callable[[], dict]] = {
     # false); 4096 tokens read the "any" bucket, the one stepped down for gfx90a
     "triton_gemm_a16w16_small": triton_gemm_a16w16(32, 640, 2880),
     "triton_gemm_a16w16_large": triton_gemm_a16w16(4096, 128, 2880),
+    "triton_rope": triton_rope,
+    "triton_unified_attention_decode": triton_unified_attention_decode,
+    "triton_unified_attention_sliding_window": triton_unified_attention_sliding_window,
 }
 
 

@@ -17,7 +17,9 @@ def table(result: dict) -> str:
              f" ({result['source']}), proof took {result['seconds']} s"]
     for entry in result["entries"]:
         head = f"{entry['status']:<13} {entry['op']:<40} {entry['file']}"
-        if entry["configs"]:
+        if entry["status"] == "in-code":
+            head += " (config chosen in code, per call)"
+        elif entry["configs"]:
             head += f" -> {entry['target'] or '(none)'}"
         lines.append(head)
         for config in entry["configs"]:
@@ -25,7 +27,7 @@ def table(result: dict) -> str:
                          f"LDS {config['lds_bytes']:>6}  spills {config['spills']:>4} (gfx942 "
                          f"{config['gfx942_spills']})  {', '.join(config['mfma']) or 'no MFMA'}")
             lines.extend(f"      stepped down: {step}" for step in config["stepped_down"])
-        if entry["status"] in ("refused", "unproven", "failed"):
+        if entry["status"] in ("refused", "unproven", "failed", "in-code"):
             lines.append(f"    {entry['reason']}")
     counts = {}
     for entry in result["entries"]:

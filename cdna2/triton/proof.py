@@ -51,6 +51,7 @@ def rules_text() -> str:
 def load_rules() -> dict:
     document = load_packaged(RULES_FILE, "triton-gfx90a-1.0.json", ProofError)
     unknown = [op["recipe"] for op in document["ops"] if op["recipe"] not in recipes.RECIPES]
+    unknown += [op["recipe"] for op in document["in_code"] if op["recipe"] not in recipes.IN_CODE]
     if unknown or document["default_host"] not in document["hosts"]:
         raise ProofError(f"cdna2/data/{RULES_FILE}: unknown recipe {unknown} or default_host")
     return document
@@ -86,14 +87,14 @@ class FileProof:
     op: str
     file: str  # gfx942's file, relative to the configs directory
     target: str | None  # gfx90a's, where it is derived
-    status: str  # derived | stepped-down | refused | unproven | failed
+    status: str  # derived | stepped-down | in-code | refused | unproven | failed
     reason: str
     configs: list[ConfigProof] = field(default_factory=list)
     derived: dict | None = None
 
     def to_json(self) -> dict:
         return {"op": self.op, "file": self.file, "target": self.target, "status": self.status,
-                "reason": self.reason, "compiled": self.status in ("derived", "stepped-down"),
+                "reason": self.reason, "compiled": self.status in ("derived", "stepped-down", "in-code"),
                 "lds_bytes": max((c.to_json()["lds_bytes"] for c in self.configs), default=None),
                 "spills": max((c.to_json()["spills"] for c in self.configs), default=None),
                 "mfma": sorted({m for c in self.configs for m in c.to_json()["mfma"]}),
@@ -140,6 +141,20 @@ def classify(configs: Path, rules: dict) -> list[FileProof]:
             derived = (f"{target}/{relative.split('/', 1)[1]}" if nested
                        else relative.replace(f"{source}-", f"{target}-", 1))
             proofs.append(FileProof(name, relative, derived, "pending", op["why"]))
+    return proofs
+
+
+def in_code(site_packages: Path, rules: dict, host: str) -> list[FileProof]:
+    """The ops of the tree whose wrapper picks the config in code: one entry per op (``file`` is the wrapper), one
+    config per call vLLM makes, holding what the wrapper chooses for it on ``host``."""
+    proofs = []
+    for op in rules["in_code"]:
+        module = next((name for name in op["modules"] if (site_packages / name).is_file()), None)
+        if module is None:
+            continue  # a release without the op (or where vLLM's import of it fails): nothing of it to prove
+        cases = recipes.IN_CODE[op["recipe"]](rules["hosts"][host]["compute_units"])
+        proofs.append(FileProof(op["name"], module, None, "in-code", op["why"],
+                                [ConfigProof(key, case, case) for key, case in cases.items()]))
     return proofs
 
 
@@ -248,7 +263,7 @@ def _problem(proof: ConfigProof, limit: int) -> str:
 
 
 def _step_down(proof: ConfigProof, op: dict) -> bool:
-    for step in op["step_down"]:
+    for step in op.get("step_down", []):  # an op whose config is chosen in code has none: it is what AITER runs
         key, floor = step["halve"], step["floor"]
         if isinstance(proof.config.get(key), int) and proof.config[key] // 2 >= floor:
             proof.steps.append(f"{key} {proof.config[key]} -> {proof.config[key] // 2} ({proof.problem})")
@@ -262,9 +277,12 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
     configs = site_packages / CONFIGS
     python = toolchain.triton_python(triton_version)
     proofs = classify(configs, rules)
-    ops = {op["name"]: op for op in rules["ops"]}
+    ops = {op["name"]: op for op in rules["ops"] + rules["in_code"]}
     profile = rules["hosts"][host]
     pending: list[tuple[FileProof, ConfigProof]] = []
+    for proof in in_code(site_packages, rules, host):
+        proofs.append(proof)
+        pending.extend((proof, config) for config in proof.configs)
     for proof in proofs:
         if proof.status != "pending":
             continue
@@ -302,7 +320,18 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
                 config.paths = {}
                 still.append((proof, config))
         pending = still
+    limit = rules["lds_limit_bytes"]
     for proof in proofs:
+        if proof.status == "in-code":
+            # AITER runs its own choice: a spill is named, a kernel that does not compile or fit in LDS fails the op
+            fatal = [config for config in proof.configs if any(
+                not result["ok"] or result["lds_bytes"] > limit for result in config.paths.values())]
+            named = [config for config in proof.configs if config.problem]
+            if fatal:
+                proof.status = "failed"
+            if named:
+                proof.reason += "; " + "; ".join(f"{config.key}: {config.problem}" for config in named)
+            continue
         if proof.status != "pending":
             continue
         failing = [config for config in proof.configs if config.problem]

@@ -28,6 +28,12 @@ from pathlib import Path
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "int8": "int8", "int32": "int32",
           "int64": "int64", "uint8": "uint8", "int16": "int16", "bool": "bool"}
+# AITER modules read FP8 ranges at import (utils/types.py, unified attention's FP8_MIN/FP8_MAX defaults): the
+# stand-in answers torch.finfo for the FP8 formats too; no FP8 kernel is ever compiled here.
+FINFO = {"float8_e4m3fnuz": (-240.0, 240.0), "float8_e4m3fn": (-448.0, 448.0), "float8_e5m2fnuz": (-57344.0, 57344.0),
+         "float8_e5m2": (-57344.0, 57344.0), "bfloat16": (-3.3895313892515355e38, 3.3895313892515355e38),
+         "float16": (-65504.0, 65504.0), "float32": (-3.4028234663852886e38, 3.4028234663852886e38),
+         "float64": (-1.7976931348623157e308, 1.7976931348623157e308)}
 
 
 def _minimal_torch() -> types.ModuleType:
@@ -47,9 +53,10 @@ def _minimal_torch() -> types.ModuleType:
 
     dtype.__module__ = Tensor.__module__ = "torch"
     torch.dtype, torch.Tensor = dtype, Tensor
-    for name in set(DTYPES.values()):
+    for name in set(DTYPES.values()) | set(FINFO):
         setattr(torch, name, dtype(name))
     torch.float = torch.float32  # moe_config_utils compares the activation dtype with torch.float
+    torch.finfo = lambda of: types.SimpleNamespace(min=FINFO[of.name][0], max=FINFO[of.name][1])
     torch.version = types.SimpleNamespace(hip="stand-in", cuda=None)
     return torch
 

@@ -151,9 +151,10 @@ def evaluate_gates(registered_ops: list[str], candidates: set[str]) -> dict:
             "value": f"{len(registered_ops)} ops registered by vllm._aiter_ops", "error": None}
     rocm = _module("rocm", gates)
     if rocm is not None:
-        _evaluate(gates, "_get_backend_priorities() has ROCM_AITER_FA",
-                  lambda: ("ROCM_AITER_FA" in [b.name for b in _backend_priorities(rocm)],
-                           [b.name for b in _backend_priorities(rocm)]))
+        for backend in ("ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN"):
+            _evaluate(gates, f"_get_backend_priorities() has {backend}",
+                      lambda backend=backend: (backend in [b.name for b in _backend_priorities(rocm)],
+                                               [b.name for b in _backend_priorities(rocm)]))
     aiter_fa = _module("aiter_fa", gates)
     if aiter_fa is not None:
         _evaluate(gates, "AiterFlashAttentionBackend.supports_compute_capability()",

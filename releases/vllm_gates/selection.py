@@ -41,6 +41,9 @@ AITER_FA = "ROCM_AITER_FA"
 # ROCM_AITER_FA ahead of ROCM_ATTN; stock vLLM ignores the variable. "explicit" is --attention-backend ROCM_AITER_FA.
 ORDERS = {"prefer": "1", "stock order": "0"}
 EXPLICIT = "explicit ROCM_AITER_FA"
+AITER_UNIFIED = "ROCM_AITER_UNIFIED_ATTN"
+EXPLICIT_UNIFIED = f"explicit {AITER_UNIFIED}"
+EXPLICITS = {EXPLICIT: AITER_FA, EXPLICIT_UNIFIED: AITER_UNIFIED}  # --attention-backend NAME, each AITER backend
 
 
 def layer_kinds(text_config: dict) -> dict[str, int]:
@@ -128,8 +131,9 @@ def evaluate_selection(models: dict[str, dict]) -> dict:
             for order, preference in ORDERS.items():
                 os.environ["VLLM_PREFER_AITER_FA"] = preference
                 choices[order] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
-            vllm_config.attention_config = config.AttentionConfig(backend="ROCM_AITER_FA")
-            choices[EXPLICIT] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
+            for explicit, backend in EXPLICITS.items():
+                vllm_config.attention_config = config.AttentionConfig(backend=backend)
+                choices[explicit] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
         results[name] = {"layers": kinds, "head_size": head_size, "dtype": str(dtype).removeprefix("torch."),
                          "choices": choices, "warnings": [text for text in warnings.messages if AITER_FA in text]}
         warnings.messages.clear()

@@ -15,7 +15,7 @@ from tests.lab.deploy_runner import lab_hosts, run_pyinfra, site_packages
 
 pytestmark = pytest.mark.lab
 
-AITER_SET, VLLM_SET = "aiter-triton-gfx90a", "vllm-aiter-triton-gemm"
+AITER_SET, VLLM_SET = "aiter-triton-gfx90a", "vllm-aiter-triton-ops"
 
 
 def test_the_triton_set_is_proven_once_per_tree_and_the_vllm_set_requires_it(lab: dict, tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cdna2.triton.recipes import attention, conv, gemm, moe, sizes
+from cdna2.triton.recipes import attention, conv, gemm, moe, norm, rope, sizes, unified_attention
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
-MODULES = (sizes, gemm, attention, moe, conv)
+MODULES = (sizes, gemm, attention, moe, conv, unified_attention, rope, norm)
 # A recipe is f(config, key, shape, **host_inputs): the keyword arguments are the values AITER's wrapper reads from
 # the device at run time, named by the op's host_inputs in the rules (the host's, never MI300X's).
 RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
@@ -26,4 +26,11 @@ RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
     "moe_routing_sigmoid_top1": moe.moe_routing_sigmoid_top1,
     "conv_1x1": conv.conv_1x1, "conv_3x3_nhwc": conv.conv_3x3_nhwc, "conv_3x3_cblocked": conv.conv_3x3_cblocked,
     "conv_general": conv.conv_general, "conv_winograd_gemm": conv.conv_winograd_gemm,
-    "conv_winograd_input": conv.conv_winograd_input, "conv_winograd_output": conv.conv_winograd_output}
+    "conv_winograd_input": conv.conv_winograd_input, "conv_winograd_output": conv.conv_winograd_output,
+    "unified_attention": unified_attention.unified_attention, "rope_cached_2c_inplace": rope.rope_cached_2c_inplace,
+    "fused_add_rmsnorm_pad": norm.fused_add_rmsnorm_pad}
+# Ops whose wrapper chooses the config in code, per call: recipe name -> the calls vLLM makes, each with the config
+# the wrapper picks on a host of that many CUs (``{case: config}``); each is compiled by RECIPES[name] as it is.
+IN_CODE: dict[str, Callable[[int], dict[str, dict]]] = {"unified_attention": unified_attention.cases,
+                                                        "rope_cached_2c_inplace": rope.cases,
+                                                        "fused_add_rmsnorm_pad": norm.cases}

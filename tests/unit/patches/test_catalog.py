@@ -10,7 +10,7 @@ import yaml
 from cdna2.patches import PatchDataError, load_catalog
 from cdna2.patches.catalog import DEFAULT_PATCHSET_DIR
 
-OPTIONAL = ["aiter-ck-int8-gemm", "aiter-skip-fp8-tune-instances", "aiter-triton-gfx90a", "vllm-aiter-triton-gemm",
+OPTIONAL = ["aiter-ck-int8-gemm", "aiter-skip-fp8-tune-instances", "aiter-triton-gfx90a", "vllm-aiter-triton-ops",
             "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant", "vllm-prefer-aiter-fa"]
 
 

@@ -120,6 +120,20 @@ def test_unquantized_linear_layers_name_the_aiter_triton_gemm_only_with_its_gate
     assert "aiter-triton-gfx90a" in result["linear"]["why"]
 
 
+def test_rotary_embedding_and_unified_attention_name_aiter_triton_only_where_chosen():
+    outcome = _outcome({"full": 32}, "ROCM_AITER_UNIFIED_ATTN", {"backend": "ROCM_AITER_FA"})
+    result = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)
+    assert result["rotary"]["kernel"] == "vLLM's own rotary embedding"
+    assert "vllm-aiter-triton-ops" in result["rotary"]["why"]
+    [layer] = result["attention"]
+    assert layer["prefill"]["kernel"].startswith("AITER Triton unified_attention") and layer["decode"] == layer["prefill"]
+    assert result["code_objects"] == []  # no ASM code object on this path
+    outcome["result"]["gates"][explain.TRITON_ROPE_GATE] = _gate(True)
+    result = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)
+    assert result["rotary"]["kernel"] == "AITER Triton rope_cached_thd_positions_offsets_2c_fwd_inplace"
+    assert "rotary embedding: AITER Triton rope" in explain.render(result, {"label": "x", "environment": {}})
+
+
 def _report(tmp_path: Path, **row) -> Path:
     host = {"host": "mi210-a", "arch": "gfx90a", "packages": {"vllm": "0.23.0"},
             "details": {"patches vllm": {"status": "patched", "sets": ["vllm-attention-gate"]}}, **row}

@@ -69,8 +69,9 @@ def test_table_names_every_release_with_a_verdict(evaluated):
     for version in RELEASES:
         assert f"\nvLLM {version}: " in table
         assert f"| {version} | rocm_aiter_ops.is_mha_enabled() | attention |" in table
-        # vllm-aiter-triton-gemm: closed on stock gfx90a, open once patched, open on gfx942 either way
-        assert f"| {version} | {TRITON_GEMM} | AITER Triton op | closed | open | open | open |" in table
+        # vllm-aiter-triton-ops, each op's gate: closed on stock gfx90a, open once patched, open on gfx942 either way
+        for gate in gates.TRITON_GATES:
+            assert f"| {version} | {gate} | AITER Triton op | closed | open | open | open |" in table
 
 
 # ------------------------------------------------------------------------------------------- the judge alone
@@ -85,7 +86,6 @@ def _answers(values: dict[tuple[str, str], dict[str, bool]]) -> dict:
     return answers
 
 
-TRITON_GEMM = "rocm_aiter_ops.is_triton_gemm_enabled()"
 MHA, FP8, LINEAR, MOE = ("rocm_aiter_ops.is_mha_enabled()", "TorchFP8ScaledMMLinearKernel.is_supported()",
                          "rocm_aiter_ops.is_linear_enabled()", "rocm_aiter_ops.is_fused_moe_enabled()")
 GOOD = {("stock", "gfx90a"): {MHA: False, FP8: True, LINEAR: False, MOE: False},
@@ -129,11 +129,12 @@ def test_int8_gemm_gate_opens_only_with_the_ck_set():
         [f"{LINEAR} (int8 GEMM) is closed on patched gfx90a; expected open"]
 
 
-def test_triton_gemm_gate_opens_only_with_the_triton_set():
-    values = {key: {**per_gate, TRITON_GEMM: key[1] == "gfx942" or key == ("patched", "gfx90a")}
+@pytest.mark.parametrize("gate", gates.TRITON_GATES)
+def test_triton_op_gates_open_only_with_the_triton_set(gate):
+    values = {key: {**per_gate, gate: key[1] == "gfx942" or key == ("patched", "gfx90a")}
               for key, per_gate in GOOD.items()}
-    assert _judged(values, applied=("vllm-attention-gate", gates.TRITON_GEMM_SET)) == []
-    assert _judged(values) == [f"{TRITON_GEMM} (AITER Triton op) is open on patched gfx90a; expected closed (as stock)"]
+    assert _judged(values, applied=("vllm-attention-gate", gates.TRITON_OPS_SET)) == []
+    assert _judged(values) == [f"{gate} (AITER Triton op) is open on patched gfx90a; expected closed (as stock)"]
 
 
 def test_a_gate_error_on_gfx90a_is_a_failure_but_the_same_error_on_gfx942_is_not():
@@ -165,7 +166,8 @@ def test_categories():
     assert gates.category("rocm_aiter_ops.is_shuffle_kv_cache_enabled()") == gates.ATTENTION
     assert gates.category("AiterInt8ScaledMMLinearKernel.is_supported()") == gates.INT8
     assert gates.category("rocm_aiter_ops.is_mla_enabled()") == gates.OTHER
-    assert gates.category(TRITON_GEMM) == gates.TRITON
+    assert {gates.category(gate) for gate in gates.TRITON_GATES} == {gates.TRITON}
+    assert gates.category("rocm_aiter_ops.is_triton_unified_attn_enabled()") == gates.OTHER  # no consumer in vLLM
 
 
 # ------------------------------------------------------------------- backend selection: the sliding-window guard
@@ -203,8 +205,16 @@ def test_patched_gfx90a_never_selects_aiter_fa_for_a_model_with_a_sliding_window
         assert warning.startswith("gfx90a: ROCM_AITER_FA declined: sliding-window attention (")
     for tree in ("stock", "patched"):
         assert not any(selected["warnings"] for selected in release.selection("gfx942", tree).values())
+    # vllm-aiter-triton-ops: an explicit ROCM_AITER_UNIFIED_ATTN serves the full-attention model on patched gfx90a and is
+    # refused for every layer of the sliding-window ones by its own guard
+    assert gates.TRITON_OPS_SET in release.applied_sets
+    assert _choices(release, FULL_MODEL, "gfx90a", "patched", gates.EXPLICIT_UNIFIED)["full"] == \
+        {"backend": gates.AITER_UNIFIED}
+    for model in SLIDING_MODELS:
+        for kind, choice in _choices(release, model, "gfx90a", "patched", gates.EXPLICIT_UNIFIED).items():
+            assert gates.UNIFIED_GUARD_REASON in choice.get("refused", ""), f"vLLM {version}: {model} {kind}: {choice}"
     for model in (FULL_MODEL, *SLIDING_MODELS):
-        for order in (gates.STOCK_ORDER, gates.EXPLICIT):
+        for order in (gates.STOCK_ORDER, gates.EXPLICIT, gates.EXPLICIT_UNIFIED):
             assert _choices(release, model, "gfx942", "stock", order) == \
                 _choices(release, model, "gfx942", "patched", order), f"vLLM {version}: {model} {order} on gfx942"
         assert _choices(release, model, "gfx942", "stock", gates.EXPLICIT) == \
@@ -235,7 +245,8 @@ def test_without_the_guard_site_the_table_fails_every_sliding_model(tmp_path):
     assert release.verdict == "FAIL"
     for model in SLIDING_MODELS:
         assert any(failure.startswith(f"{model} (sliding-window layers) on patched gfx90a (prefer)")
-                   and failure.endswith(f"{gates.AITER_FA}; expected a backend other than {gates.AITER_FA}")
+                   and failure.endswith(f"{gates.AITER_FA}; expected a backend other than {gates.AITER_FA} and "
+                                        f"{gates.AITER_UNIFIED}")
                    for failure in release.failures), release.failures
         assert any(failure.startswith(f"{model} (sliding-window layers) on patched gfx90a (explicit ROCM_AITER_FA)")
                    for failure in release.failures), release.failures
@@ -318,7 +329,7 @@ def test_selection_judge_accepts_the_expected_choices():
 @pytest.mark.parametrize("column, model, order, kind, choice, expected", [
     (("patched", "gfx90a"), "hybrid", gates.PREFER, "full", AITER,
      "hybrid (sliding-window layers) on patched gfx90a (prefer), full layers: ROCM_AITER_FA; expected a backend "
-     "other than ROCM_AITER_FA"),
+     "other than ROCM_AITER_FA and ROCM_AITER_UNIFIED_ATTN"),
     (("patched", "gfx90a"), "hybrid", gates.EXPLICIT, "sliding", AITER,
      "hybrid (sliding-window layers) on patched gfx90a (explicit ROCM_AITER_FA), sliding layers: ROCM_AITER_FA; "
      "expected the start-up refusal of the sliding-window guard"),
@@ -336,6 +347,35 @@ def test_selection_judge_names_each_broken_expectation(column, model, order, kin
     selection = _good_selection()
     selection[column][model][order][kind] = choice
     assert _judged_selection(selection) == [expected]
+
+
+UNIFIED = {"backend": gates.AITER_UNIFIED}
+UNIFIED_GUARDED = {"refused": f"Selected backend is not valid. Reason: ['{gates.UNIFIED_GUARD_REASON}, as ...']"}
+
+
+def _unified_judged(full: dict, sliding: dict, gfx942_after: dict = UNIFIED) -> list[str]:
+    """The selection judge with the triton-ops set applied and explicit ROCM_AITER_UNIFIED_ATTN choices added."""
+    selection = _good_selection()
+    for (tree, arch), models in selection.items():
+        patched_gfx90a = (tree, arch) == ("patched", "gfx90a")
+        models[FULL_MODEL][gates.EXPLICIT_UNIFIED] = {"full": full if patched_gfx90a else UNIFIED}
+        chosen = sliding if patched_gfx90a else gfx942_after if (tree, arch) == ("patched", "gfx942") else UNIFIED
+        models["hybrid"][gates.EXPLICIT_UNIFIED] = {"full": chosen, "sliding": chosen}
+    release = gates.ReleaseGates("9.9.9", "apply", applied_sets=["vllm-attention-gate", gates.TRITON_OPS_SET],
+                                 answers=_selected(selection))
+    return gates.judge_selection(release)
+
+
+def test_selection_judge_wants_the_unified_attention_guard_where_the_triton_set_is_applied():
+    assert _unified_judged(UNIFIED, UNIFIED_GUARDED) == []
+    assert _unified_judged(UNIFIED, UNIFIED) == [
+        f"hybrid (sliding-window layers) on patched gfx90a ({gates.EXPLICIT_UNIFIED}), {kind} layers: "
+        f"{gates.AITER_UNIFIED}; expected the start-up refusal of its sliding-window guard" for kind in ("full", "sliding")]
+    assert _unified_judged(ROCM_ATTN, UNIFIED_GUARDED) == [
+        f"{FULL_MODEL} (full attention) on patched gfx90a ({gates.EXPLICIT_UNIFIED}), full layers: ROCM_ATTN; "
+        f"expected {gates.AITER_UNIFIED}"]
+    assert _unified_judged(UNIFIED, UNIFIED_GUARDED, gfx942_after=UNIFIED_GUARDED) == [
+        f"hybrid on gfx942 ({gates.EXPLICIT_UNIFIED}) changed: {gates.AITER_UNIFIED} stock, refused patched"]
 
 
 def test_selection_judge_wants_the_guard_logged():

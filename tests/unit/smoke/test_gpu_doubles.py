@@ -55,6 +55,10 @@ class Lab:
         config = self.host.site / "aiter" / "ops" / "triton" / "configs" / "gemm" / "MI200-GEMM-A16W16.json"
         config.parent.mkdir(parents=True)
         config.write_text('{"any": {}}\n')
+        # the module vLLM imports the Triton rope from (AITER 0.1.10 on): the rope check applies only where it is
+        self.rope_module = self.host.site / "aiter" / "ops" / "triton" / "rope" / "rope.py"
+        self.rope_module.parent.mkdir()
+        self.rope_module.write_text("# AITER's module; the double's aiter package answers the import\n")
         self.agent = make_agent(root / "agent")
         self.home = root / "home"
         self.home.mkdir()
@@ -100,6 +104,9 @@ FAULTS = {"flash_attn_func:causal:512": "zero_rows",  # rows 256-511 of one head
           "pa_fwd_asm:full:1": "fallback",  # correct, computed without loading a code object
           "gemm_a16w16:full:32": "fallback",  # correct, computed without a Triton launch
           "gemm_a16w16:full:4096": "five_percent",
+          "rope:full:300": "fallback",  # correct, computed without a Triton launch
+          "unified_attention:causal:1000": "five_percent",  # the sliding-window prefill
+          "unified_attention:causal:1": "drop_last_keys",  # the decode
           "flash_attn_varlen_func:causal:1000": "hang"}  # the sliding-window case holds a JIT lock and hangs
 HANG_LIMIT = 45  # seconds: a case that does not hang finishes well within it, even on a loaded machine
 
@@ -122,6 +129,8 @@ def test_correct_output_from_the_asm_kernels_passes_every_gpu_check(correct_run)
     assert "hsa/gfx90a/fmha_v3_fwd/MI300/fwd_hd128_bf16_causal_rtna_group.co" in \
         checks["fmha_v3_fwd_varlen_group"]["detail"]
     assert "Triton launched _gemm_a16_w16_kernel" in checks["triton_gemm_a16w16_large"]["detail"]
+    assert "Triton launched kernel_unified_attention_3d" in checks["triton_unified_attention_decode"]["detail"]
+    assert "Triton launched kernel_unified_attention_2d" in checks["triton_unified_attention_sliding_window"]["detail"]
     for name, check in checks.items():
         worst = float(check["detail"].split("worst row ")[1].split(",")[0])
         assert worst < smoke_gpu.ROW_REL_RMS_LIMIT / 2, f"{name}: correct output needs margin: {check['detail']}"
@@ -159,20 +168,35 @@ def test_a_triton_gemm_without_a_triton_launch_is_a_fallback_and_fails(faulty_ru
     assert wrong["status"] == "wrong" and wrong["detail"].startswith("WRONG:"), wrong
 
 
+def test_a_triton_op_without_its_launch_or_off_the_reference_is_named(faulty_run) -> None:
+    checks = gpu(faulty_run[1])
+    assert checks["triton_rope"]["status"] == "failed", checks["triton_rope"]
+    assert "Triton launched no _rope_kernel_cached_thd_2c_gqa_onehead_fwd (launched: nothing)" in \
+        checks["triton_rope"]["detail"]
+    for name in ("triton_unified_attention_sliding_window", "triton_unified_attention_decode"):
+        assert checks[name]["status"] == "wrong" and checks[name]["detail"].startswith("WRONG:"), checks[name]
+
+
 def test_without_the_triton_configs_the_triton_gemm_checks_are_skipped_by_name(lab: Lab) -> None:
+    """And without AITER's rope/rope.py (AITER before 0.1.10) the rope check; unified attention needs no file."""
     config = lab.host.site / "aiter" / "ops" / "triton" / "configs" / "gemm" / "MI200-GEMM-A16W16.json"
-    saved = config.read_bytes()
+    saved = config.read_bytes(), lab.rope_module.read_bytes()
     config.unlink()
+    lab.rope_module.unlink()
     try:
         code, report = lab.smoke()
     finally:
-        config.write_bytes(saved)
+        config.write_bytes(saved[0])
+        lab.rope_module.write_bytes(saved[1])
     assert code == 0, json.dumps(report, indent=1)
     checks = gpu(report)
     for name in ("triton_gemm_a16w16_small", "triton_gemm_a16w16_large"):
         assert checks[name]["status"] == "skipped", checks[name]
         assert "the optional aiter-triton-gfx90a set" in checks[name]["detail"], checks[name]
+    assert checks["triton_rope"]["status"] == "skipped", checks["triton_rope"]
+    assert "which AITER has from 0.1.10 on (aiter/ops/triton/rope/rope.py)" in checks["triton_rope"]["detail"]
     assert checks["fmha_v3_fwd_bf16_hd128"]["status"] == "passed"
+    assert checks["triton_unified_attention_decode"]["status"] == "passed"
 
 
 def test_a_hung_case_is_killed_with_its_grandchildren_and_leaves_no_lock(lab: Lab, faulty_run) -> None:

@@ -73,10 +73,10 @@ def test_the_triton_proven_is_the_one_the_wheels_step_leaves():
 
 def test_a_set_requiring_one_of_another_package_is_unmet_until_both_are_enabled():
     catalog = load_catalog()
-    assert catalog.by_name("vllm-aiter-triton-gemm").requires == (SET,)
-    assert catalog.unmet_requirements(["vllm-aiter-triton-gemm"]) == [
-        f"vllm-aiter-triton-gemm (vllm) requires {SET} (amd-aiter), which is not enabled"]
-    assert catalog.unmet_requirements(["vllm-aiter-triton-gemm", SET]) == []
+    assert catalog.by_name("vllm-aiter-triton-ops").requires == (SET,)
+    assert catalog.unmet_requirements(["vllm-aiter-triton-ops"]) == [
+        f"vllm-aiter-triton-ops (vllm) requires {SET} (amd-aiter), which is not enabled"]
+    assert catalog.unmet_requirements(["vllm-aiter-triton-ops", SET]) == []
     assert catalog.unmet_requirements([SET]) == []
 
 

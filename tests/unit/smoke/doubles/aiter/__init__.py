@@ -25,7 +25,11 @@ fallback computed it), ``hang`` (in a ``smoke_gpu run`` or ``bench_gpu run`` pro
 compute their torch semantics, print their load lines and take ``five_percent``, ``zero_rows``, ``fallback`` and
 the process faults under ``<entry>:full:<size>`` (their docstrings say which size). The Triton GEMM
 ``aiter.ops.triton.gemm_a16w16`` (the module vLLM imports it from) announces its launch to Triton's launch-enter
-hook, as Triton's launcher does, and takes them under ``gemm_a16w16:full:<M>`` (``fallback``: no launch).
+hook, as Triton's launcher does, and takes them under ``gemm_a16w16:full:<M>`` (``fallback``: no launch); so do
+``aiter.ops.triton.rope.rope.rope_cached_thd_positions_offsets_2c_fwd_inplace`` (NeoX or GPT-J, in place, under
+``rope:full:<tokens>``) and ``aiter.ops.triton.unified_attention.unified_attention`` (paged, causal, a window from
+window_size; the 2d kernel with a window or KV up to 512, else the 3d one and its reduction, as AITER chooses; under
+``unified_attention:causal:<max_seqlen_q>``).
 """
 
 import json
@@ -313,13 +317,62 @@ def _triton_gemm_a16w16(x, w, bias=None, dtype=torch.bfloat16, y=None, config=No
     fault = _fault("gemm_a16w16", False, x.shape[0])
     _hang_if_asked(fault)
     if fault != "fallback":
-        from triton import knobs
-
-        knobs.runtime.launch_enter_hook(_LaunchMetadata("_gemm_a16_w16_kernel"))
+        _announce("_gemm_a16_w16_kernel")
     out = y if y is not None else torch.empty(x.shape[0], w.shape[0], dtype=dtype)
     out.copy_((x.float() @ w.float().T) * (1.05 if fault == "five_percent" else 1.0))
     return out
 
 
-# ``aiter.ops.triton.gemm_a16w16``: the module vLLM imports the Triton GEMM from.
-ops.triton = _submodule("ops.triton", gemm_a16w16=_submodule("ops.triton.gemm_a16w16", gemm_a16w16=_triton_gemm_a16w16))
+def _announce(*names):
+    from triton import knobs
+
+    for name in names:
+        knobs.runtime.launch_enter_hook(_LaunchMetadata(name))
+
+
+def _rope_inplace(x, y, cos, sin, positions, offsets, rotate_style, reuse_freqs_front_part, nope_first,
+                  transpose_output=False):
+    """AITER's cached rope, in place on ``x`` and ``y`` (``[tokens, heads, dim]``): fp32, one rounding to bf16."""
+    fault = _fault("rope", False, x.shape[0])
+    _hang_if_asked(fault)
+    if fault != "fallback":
+        _announce("_rope_kernel_cached_thd_2c_gqa_onehead_fwd" if x.shape[1] != y.shape[1]
+                  else "_rope_kernel_thd_cached_2c_fwd")
+    at = positions if offsets is None else positions + offsets
+    c, s = cos[at].float()[:, None, :], sin[at].float()[:, None, :]
+    for tensor in (x, y):
+        if rotate_style == 0:  # NeoX: halves
+            first, second = tensor.float().chunk(2, dim=-1)
+            rotated = torch.cat([first * c - second * s, second * c + first * s], dim=-1)
+        else:  # GPT-J: interleaved pairs
+            first, second = tensor.float()[..., 0::2], tensor.float()[..., 1::2]
+            rotated = torch.stack([first * c - second * s, second * c + first * s], dim=-1).flatten(-2)
+        tensor.copy_(rotated * (1.05 if fault == "five_percent" else 1.0))
+
+
+def _unified_attention(q, k, v, out, cu_seqlens_q, max_seqlen_q, seqused_k, max_seqlen_k, softmax_scale, causal,
+                       window_size, block_table, softcap, q_descale, k_descale, v_descale, **unused):
+    """AITER's unified attention over a paged cache ``[blocks, block, kv_heads, dim]``, per sequence."""
+    fault = _fault("unified_attention", causal, max_seqlen_q)
+    _hang_if_asked(fault)
+    if fault != "fallback":
+        _announce(*(("kernel_unified_attention_2d",) if window_size[0] >= 0 or max_seqlen_k <= 512
+                    else ("kernel_unified_attention_3d", "reduce_segments")))
+    block = k.shape[1]
+    for seq in range(len(seqused_k)):
+        start, stop, length = int(cu_seqlens_q[seq]), int(cu_seqlens_q[seq + 1]), int(seqused_k[seq])
+        table = block_table[seq, :-(-length // block)].long()
+        keys = k[table].reshape(-1, k.shape[2], k.shape[3])[:length]
+        values = v[table].reshape(-1, v.shape[2], v.shape[3])[:length]
+        window = window_size[0] if window_size[0] >= 0 else None
+        out[start:stop] = _attention(q[start:stop], keys, values, causal, window, softmax_scale,
+                                     _in_sequence(fault, seq))
+    return out
+
+
+# ``aiter.ops.triton.gemm_a16w16``, ``.rope.rope`` and ``.unified_attention``: the modules vLLM imports them from.
+ops.triton = _submodule("ops.triton", gemm_a16w16=_submodule("ops.triton.gemm_a16w16", gemm_a16w16=_triton_gemm_a16w16),
+                        rope=_submodule("ops.triton.rope", rope=_submodule(
+                            "ops.triton.rope.rope", rope_cached_thd_positions_offsets_2c_fwd_inplace=_rope_inplace)),
+                        unified_attention=_submodule("ops.triton.unified_attention",
+                                                     unified_attention=_unified_attention))
