@@ -8,6 +8,11 @@ Per host: a fresh probe, then the cases of ``cdna2/data/bench-cases.yaml`` run b
 provisioned and whose smoke pass (with its GPU checks) is recorded for its deployed state runs them; every other
 host is skipped, with the reason, in the bench report. Nothing on any host changes but the host agent, brought up
 to date when it predates this checkout. A case that is wrong, crashed, hung or failed fails its host.
+
+A node whose data names ``sif_image`` runs a Singularity/Apptainer image with its layer, where no smoke pass can be
+recorded: there the smoke test, GPU checks included, runs inside the node's ``singularity`` or ``apptainer`` with
+the layer first, and the cases run there only when it passes (with the GPU checks off, every case is skipped,
+saying so); both reports name the runtime, its version and both files' SHA-256.
 """
 
 if __name__ == "__main__":  # `python bench.py`: say what this file is instead of pyinfra's traceback
@@ -24,7 +29,7 @@ from cdna2.bench import host_cases, load_cases, skip_reason
 from cdna2.plan import hidden_gpu_refusal, target_env_error, with_data_arch
 from cdna2.reports.run import FAILED, summarise_probe
 from operations.agent import agent_installed, current_agent_bundle
-from operations.bench import BenchRecorder, benchmarked
+from operations.bench import BenchRecorder, benchmarked, benchmarked_inside_image
 from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.preflight import validate_inventory
@@ -48,14 +53,20 @@ probe, _ = with_data_arch(probe, data.gpu_arch, container)
 summarise_probe(report.host(host.name), probe)
 reason = skip_reason(probe["gpu"]["arch"], probe["state"])
 aiter = probe["distributions"].get("amd-aiter")
-# A host that would run the cases must still have its environment and AITER (else it drifted since its smoke pass).
-problem = hidden_gpu or (None if reason else target_env_error(probe) or (
+# A host that would run the cases must still have its environment and AITER (else it drifted since its smoke pass);
+# a node that runs an image has both in the image and its layer, checked inside its runtime.
+problem = hidden_gpu or (None if reason or data.sif_image else target_env_error(probe) or (
     None if aiter else "amd-aiter is no longer installed in the target environment: run verify.py, then the deploy"))
 
 if problem:
     report.step(host.name, "bench", FAILED, problem)
     bench.fail(host.name, problem)
     python.raise_exception(OperationError, f"{host.name}: {problem}", name="bench: the host can be benchmarked")
+elif data.sif_image:
+    # 3. The node runs an image with its layer: its smoke test inside the runtime first, then the cases there.
+    benchmarked_inside_image(name="bench: the image's figures are measured inside its runtime", bench=bench,
+                             report=report, image=data.sif_image, cases=plan["cases"],
+                             host_arch=probe["gpu"]["arch"], gpu_checks=data.smoke_gpu_checks)
 else:
     # 3. The agent runs the cases: bring it up to date where it predates this checkout (not on skipped hosts).
     agent = current_agent_bundle()

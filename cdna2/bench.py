@@ -23,6 +23,7 @@ import yaml
 
 from cdna2.reports.bench import BenchReport
 from cdna2.host import state as host_state
+from cdna2.host.bench import host_cases
 from cdna2.host.gpus import KFD_TOPOLOGY, read_gpus
 from cdna2.plan import hidden_gpu_refusal
 from cdna2.schema import first_violation, load_yaml
@@ -78,16 +79,6 @@ def skip_reason(arch: str | None, tool_state: dict | None) -> str | None:
         return ("its smoke pass for the deployed state ran without GPU checks (smoke_gpu_checks is off: its GPU is "
                 "a stand-in), so nothing proves the ASM path runs there")
     return "no smoke pass is recorded for its deployed state (run deploy.py: its smoke step records one)"
-
-
-def host_cases(cases: list[dict], deployed: dict | None) -> list[dict]:
-    """The cases for one host: a case needing a patch set the host's deployed state lacks is marked ``skip``, with
-    why (the runner reports it skipped without starting it)."""
-    applied = {name for names in ((deployed or {}).get("patch_sets") or {}).values() for name in names}
-    return [{**case, "skip": f"needs the patch set {case['requires_patch_set']}, not applied on this host (add it "
-                             f"to optional_patch_sets where its AITER takes it)"}
-            if case.get("requires_patch_set") and case["requires_patch_set"] not in applied else case
-            for case in cases]
 
 
 def deploy_skip_reason(arch: str | None, gpu_checks: bool, reinstalled: list[str]) -> str | None:

@@ -10,14 +10,18 @@ from pyinfra import host, logger, state
 from pyinfra.api import FactBase, StringCommand, operation
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.api.state import State
+from pyinfra.facts.server import Command
 from typing_extensions import override
 
-from cdna2.bench import host_command, parse_host_output
+from cdna2.bench import GPU_ARCH, host_command, parse_host_output
+from cdna2.images.runtime import (RuntimeCheckError, bench_command, launch_of, probe_command, read_probe,
+                                  read_report, smoke_command)
 from cdna2.reports.bench import BenchReport
 from cdna2.host.bench import PROBLEMS
 from cdna2.reports.run import FAILED, PLANNED, SKIPPED, RunReport
 from operations.agent import agent_command
 from operations.report import inventory_argument, report_dir
+from operations.smoke import smoke_verdict
 from operations.util import fail_host_command
 
 
@@ -119,11 +123,91 @@ def benchmarked(bench: BenchReport, report: RunReport, skip_reason: str | None, 
     result = host.get_fact(BenchResult, target_python=target_python, state_dir=state_dir,
                            site_packages=site_packages, host_arch=host_arch, cases=cases)
     bench.add(host.name, result)
+    yield from judged(report, result)
+
+
+def judged(report: RunReport, result: dict, where: str = ""):
+    """The runner's result into the run report's ``bench`` column (``where``: the runtime that ran it); a wrong or
+    broken case fails the host."""
     counts = ", ".join(f"{count} {status}" for status, count in result["counts"].items() if count)
     bad = [case for case in result["cases"] if case["status"] in PROBLEMS]
-    report.step(host.name, "bench", FAILED if bad else "ok", f"{counts} in {result['elapsed_s']:.0f} s")
+    report.step(host.name, "bench", FAILED if bad else "ok", f"{counts} in {result['elapsed_s']:.0f} s{where}")
     if bad:
         yield fail_host_command("bench: " + "; ".join(f"{case['case']} {case['status']}: {case['detail']}"
                                                       for case in bad))
         return
-    host.noop(f"benchmarks measured: {counts}")
+    host.noop(f"benchmarks measured{where}: {counts}")
+
+
+@operation()
+def benchmarked_inside_image(bench: BenchReport, report: RunReport, image: str, cases: list[dict],
+                             host_arch: str | None, gpu_checks: bool = True, expect_triton: str = "3.7.1"):
+    """
+    Run the benchmarks inside the node's Singularity/Apptainer with the image's layer, correctness first: the smoke
+    test inside the runtime, then the cases; record which runtime ran them; fail the node on a wrong or broken case.
+
+    + bench: the bench report (this node's results or skip reason, and ``runtime``)
+    + report: the run report (the ``smoke`` and ``bench`` columns, ``runtime`` in the host's details)
+    + image: the ``.sif`` on the node (host data ``sif_image``), its layer and record beside it
+    + cases: the cases (``cdna2.bench.load_cases``), defaults filled in
+    + host_arch: the GPU arch the node's probe saw (None: no GPU)
+    + gpu_checks: the smoke test's GPU checks (off only where the GPU is a stand-in, such as the lab's)
+    + expect_triton: the triton version the image with its layer must have
+
+    Correctness first:
+        a layer is read-only, so no smoke pass can be recorded on the node: the smoke test, GPU checks included,
+        runs inside the runtime first in the same run, and the cases run only when it passes. A node that is not
+        gfx90a runs nothing; with the GPU checks off (a stand-in GPU) the smoke test runs and every case is skipped,
+        saying so. No runtime, no layer record, an image or layer whose SHA-256 differs from the record (checked
+        before each launch), or a smoke test that fails: the node fails by name, nothing is timed. Never changes the
+        node. During ``--dry`` nothing runs.
+
+    **Example:**
+
+    .. code:: python
+
+        benchmarked_inside_image(name="bench: the image's figures are measured inside its runtime", bench=bench,
+                                 report=report, image="/project/images/vllm.sif", cases=load_cases()["cases"],
+                                 host_arch="gfx90a")
+    """
+    if host_arch != GPU_ARCH:
+        reason = f"not a {GPU_ARCH} node (the probe saw {host_arch})" if host_arch else "the probe found no GPU"
+        bench.skip(host.name, reason)
+        report.step(host.name, "bench", SKIPPED, reason)
+        host.noop(f"benchmarks skipped: {reason}")
+        return
+    if not state.is_executing:
+        report.step(host.name, "bench", PLANNED, f"the smoke test, then {len(cases)} cases, inside the node's "
+                                                 f"runtime with {image} and its layer, at execution")
+        bench.skip(host.name, "not run: the benchmarks run at execution (a dry run, or a run not confirmed)")
+        host.noop("benchmarks run inside the image's runtime at execution")
+        return
+    launch = None
+    try:
+        probe = host.get_fact(Command, probe_command(image)) or ""
+        launch = launch_of(host.name, image, read_probe(probe.splitlines()))
+        smoke = read_report(host.name, launch, (host.get_fact(
+            Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or "").splitlines(), "smoke")
+        bad, summary = smoke_verdict(smoke, host_arch, gpu_checks)
+        report.host(host.name).details.update(runtime=launch.report(), smoke=smoke)
+        report.step(host.name, "smoke", FAILED if bad else "ok", f"inside {launch.version}: {summary}")
+        if bad:
+            raise RuntimeCheckError(f"{host.name}: the smoke test inside {launch.version} with {launch.layer} failed "
+                                    f"(" + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad) +
+                                    "): no benchmark of an unproven kernel; run verify.py, then deploy the layer again")
+        if not gpu_checks:
+            reason = (f"the smoke test inside {launch.version} ran without GPU checks (smoke_gpu_checks is off: its "
+                      "GPU is a stand-in), so nothing proves the ASM path runs there")
+            bench.skip(host.name, reason, launch.report())
+            report.step(host.name, "bench", SKIPPED, reason)
+            host.noop(f"benchmarks skipped: {reason}")
+            return
+        result = read_report(host.name, launch, (host.get_fact(
+            Command, bench_command(launch, host_arch, cases)) or "").splitlines(), "bench")
+    except RuntimeCheckError as error:
+        bench.fail(host.name, str(error), launch.report() if launch else None)
+        report.step(host.name, "bench", FAILED, str(error))
+        yield fail_host_command(f"bench: {error}")
+        return
+    bench.add(host.name, result, launch.report())
+    yield from judged(report, result, f" inside {launch.version}")

@@ -12,7 +12,8 @@ from pyinfra.facts.server import Command
 
 from cdna2.families import host_families
 from cdna2.host.families import WITHHELD, verdict_line
-from cdna2.images.runtime import RuntimeCheckError, launch_of, probe_command, read_probe, read_smoke, smoke_command
+from cdna2.images.runtime import (RuntimeCheckError, launch_of, probe_command, read_probe, read_report,
+                                  smoke_command)
 from cdna2.reports.run import FAILED, RunReport
 from cdna2.smoke_proof import proof_key, recorded_proof
 from operations.agent import agent_command
@@ -166,7 +167,7 @@ def smoke_passed_inside_image(report: RunReport, image: str, host_arch: str | No
         probe = host.get_fact(Command, probe_command(image)) or ""
         launch = launch_of(host.name, image, read_probe(probe.splitlines()))
         smoke = host.get_fact(Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or ""
-        result = read_smoke(host.name, launch, smoke.splitlines())
+        result = read_report(host.name, launch, smoke.splitlines(), "smoke")
     except RuntimeCheckError as error:
         report.step(host.name, "verify", FAILED, str(error))
         yield fail_host_command(f"verify: {error}")

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from cdna2.host import gpu_run, smoke, smoke_gpu, smoke_static
+from cdna2.host.state import read_state
 
 OK, WRONG, FALLBACK, CRASHED, HUNG, FAILED, SKIPPED = "ok", "wrong", "fallback", "crashed", "hung", "failed", "skipped"
 PROBLEMS = (WRONG, CRASHED, HUNG, FAILED)  # statuses that fail the host; "fallback" is reported, by name
@@ -141,6 +142,16 @@ def judge_case(case: dict, report: dict, run: gpu_run.GpuRun) -> dict:
                        speedup=speedup, figure=figure, unit=unit, loaded=proof)
 
 
+def host_cases(cases: list[dict], deployed: dict | None) -> list[dict]:
+    """The cases for one host: a case needing a patch set the host's deployed state lacks is marked ``skip``, with
+    why (the runner reports it skipped without starting it)."""
+    applied = {name for names in ((deployed or {}).get("patch_sets") or {}).values() for name in names}
+    return [{**case, "skip": f"needs the patch set {case['requires_patch_set']}, not applied on this host (add it "
+                             f"to optional_patch_sets where its AITER takes it)"}
+            if case.get("requires_patch_set") and case["requires_patch_set"] not in applied else case
+            for case in cases]
+
+
 def run_bench(site_packages: Path, state_dir: Path, host_arch: str | None, cases: list[dict],
               device_timeout: float = DEVICE_TIMEOUT, case_timeout: float | None = None) -> dict:
     """Every case on this host; ``case_timeout`` overrides each case's own limit."""
@@ -196,8 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case-timeout", type=float, help="seconds for every case, instead of each case's own")
     parser.add_argument("--device-timeout", type=float, default=DEVICE_TIMEOUT,
                         help="seconds for the device probe child (%(default)g)")
+    parser.add_argument("--skip-unapplied-patch-sets", action="store_true",
+                        help="skip the cases needing a patch set the deployed state in --state-dir lacks (where the "
+                             "controller cannot read that state: inside an image's runtime)")
     parser.add_argument("--json", action="store_true", help="print the JSON report on one line")
     args = parser.parse_args(argv)
+    if args.skip_unapplied_patch_sets:
+        args.cases_json = host_cases(args.cases_json, read_state(args.state_dir).get("deployed"))
     report = run_bench(args.site_packages, args.state_dir, None if args.host_arch == "none" else args.host_arch,
                        args.cases_json, args.device_timeout, args.case_timeout)
     print(json.dumps(report, sort_keys=True) if args.json else json.dumps(report, indent=2, sort_keys=True))

@@ -1,15 +1,17 @@
-"""The smoke test inside an image's own runtime on a node: ``singularity|apptainer exec`` with the layer.
+"""The smoke test and the bench cases inside an image's own runtime on a node: ``singularity|apptainer exec`` with
+the layer.
 
-verify.py, on a host whose data names ``sif_image`` (a .sif on a filesystem the node sees, its layer beside it),
-runs two commands on the node through the host's transport (SSH, or a Slurm step):
+verify.py and bench.py, on a host whose data names ``sif_image`` (a .sif on a filesystem the node sees, its layer
+beside it), run these commands on the node through the host's transport (SSH, or a Slurm step):
 
 1. ``probe_command``: the runtime the node has (``singularity``, else ``apptainer``: the wrapper's order), its
    ``--version``, and the layer's record beside the image. ``read_probe`` and ``launch_of`` turn that into what to
    run, or into an error naming the host, the file and the fix (no image, no record, no runtime).
-2. ``smoke_command``: the image's and the layer's SHA-256 checked against the record on the node (``sha256sum -c``),
-   then the smoke test of the agent the layer carries, run by the image's Python inside ``RUNTIME exec`` on the
-   record's launch line (the layer read-only, AITER's JIT directory per user and layer). ``read_smoke`` reads its
-   report; a hash that differs is an error naming the file, never a pass.
+2. ``smoke_command`` (verify.py, and bench.py first), ``bench_command`` (bench.py, after the smoke test passed):
+   the image's and the layer's SHA-256 checked against the record on the node (``sha256sum -c``), then the agent the
+   layer carries, run by the image's Python inside ``RUNTIME exec`` on the record's launch line (the layer
+   read-only, AITER's JIT directory per user and layer; ``inside_command``). ``read_report`` reads its JSON report;
+   a hash that differs is an error naming the file, never a pass.
 
 Only the node reads the image and the layer: the controller needs no shared filesystem. Nothing here runs pyinfra.
 """
@@ -22,6 +24,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 
+from cdna2.bench import host_command
 from cdna2.host.environment import ROOT_STATE_DIR
 from cdna2.images.layer import JIT_ROOT, LayerFiles, launch_arguments
 
@@ -107,6 +110,21 @@ def launch_of(host: str, image: str, probe: dict) -> Launch:
 
 def smoke_command(launch: Launch, host_arch: str | None, gpu_checks: bool, expect_triton: str) -> str:
     """Shell: the hashes checked on the node, then the smoke test inside ``RUNTIME exec`` with the layer."""
+    return inside_command(launch, "cdna2.host.smoke", [
+        "--site-packages", launch.site_packages, "--state-dir", ROOT_STATE_DIR, "--host-arch", host_arch or "none",
+        *([] if gpu_checks else ["--no-gpu-checks"]), "--expect-triton", expect_triton, "--json"])
+
+
+def bench_command(launch: Launch, host_arch: str | None, cases: list[dict]) -> str:
+    """Shell: the hashes checked on the node, then the bench cases inside ``RUNTIME exec`` with the layer; a case
+    needing a patch set the layer's deployed state lacks is skipped there (the controller cannot read that state)."""
+    return inside_command(launch, "cdna2.host.bench", [
+        *host_command(launch.site_packages, ROOT_STATE_DIR, host_arch, cases), "--skip-unapplied-patch-sets"])
+
+
+def inside_command(launch: Launch, module: str, arguments: list[str]) -> str:
+    """Shell: the image's and the layer's SHA-256 checked against the record on the node, then ``module`` of the
+    agent the layer carries, run by the image's Python inside ``RUNTIME exec`` on the record's launch line."""
     image, layer = PurePosixPath(launch.image), PurePosixPath(launch.layer)
     # The layer first: the file more likely edited, and the smaller one (the image is not read when the layer differs)
     # sha256sum -c prints "NAME: FAILED"; one that fails saying nothing is a failure too, never a pass.
@@ -115,21 +133,18 @@ def smoke_command(launch: Launch, host_arch: str | None, gpu_checks: bool, expec
     checks = (f'bad=; for sum in {sums}; do bad=$(printf "%s\\n" "$sum" | sha256sum -c --quiet - 2>/dev/null) || '
               '{ bad=${bad:-"${sum#*  }: sha256sum could not check it"}; break; }; done')
     jit = f"{JIT_ROOT}/{launch.layer_sha256[:16]}"
-    smoke = ["/usr/bin/env", f"PYTHONPATH={ROOT_STATE_DIR}/agent", launch.python, "-B", "-m", "cdna2.host.smoke",
-             "--site-packages", launch.site_packages, "--state-dir", ROOT_STATE_DIR, "--host-arch",
-             host_arch or "none", *([] if gpu_checks else ["--no-gpu-checks"]), "--expect-triton", expect_triton,
-             "--json"]
+    agent = ["/usr/bin/env", f"PYTHONPATH={ROOT_STATE_DIR}/agent", launch.python, "-B", "-m", module, *arguments]
     run = " ".join(shlex.quote(word) for word in (launch.runtime, "exec",
-                                                  *launch_arguments(launch.layer, launch.image, JIT_WORD), *smoke))
+                                                  *launch_arguments(launch.layer, launch.image, JIT_WORD), *agent))
     return (f"cd {shlex.quote(str(image.parent))} || exit 1; "
             f"{checks}; "
             f'if [ -n "$bad" ]; then echo "{HASH_MARK}"; echo "$bad"; exit 0; fi; '
             f'jit="{jit}"; mkdir -p "$jit" && ' + run.replace(JIT_WORD, '"$jit"') + " || true")
 
 
-def read_smoke(host: str, launch: Launch, lines: list[str]) -> dict:
-    """The smoke report printed inside the runtime, or RuntimeCheckError: a file that differs from its recorded
-    SHA-256, or no report (the runtime's own words)."""
+def read_report(host: str, launch: Launch, lines: list[str], what: str) -> dict:
+    """The ``what`` report (smoke, bench) printed inside the runtime, or RuntimeCheckError: a file that differs from
+    its recorded SHA-256, or no report (the runtime's own words)."""
     if HASH_MARK in lines:
         image = PurePosixPath(launch.image)
         # "NAME: FAILED", or what else kept sha256sum from checking NAME ("FAILED open or read", ...)
@@ -142,5 +157,5 @@ def read_smoke(host: str, launch: Launch, lines: list[str]) -> dict:
     try:
         return json.loads(lines[-1])
     except (ValueError, IndexError):
-        raise RuntimeCheckError(f"{host}: {launch.runtime} exec {launch.image} printed no smoke report; its output "
+        raise RuntimeCheckError(f"{host}: {launch.runtime} exec {launch.image} printed no {what} report; its output "
                                 f"ends: {' | '.join(lines[-5:]) or 'nothing'}") from None

@@ -45,24 +45,25 @@ class BenchReport:
 
     # --- filling --------------------------------------------------------------------------------------------------
 
-    def skip(self, host: str, reason: str) -> None:
-        """Every case of ``host`` skipped, with why."""
-        self.hosts[host] = {"status": SKIPPED, "reason": reason, "device": None, "elapsed_s": None,
+    def skip(self, host: str, reason: str, runtime: dict | None = None) -> None:
+        """Every case of ``host`` skipped, with why; ``runtime``: the image's runtime that ran its smoke test."""
+        self.hosts[host] = {"status": SKIPPED, "reason": reason, "device": None, "elapsed_s": None, "runtime": runtime,
                             "cases": [{"case": case["name"], "kind": case["kind"], "status": SKIPPED,
                                        "detail": f"skipped: {reason}"} for case in self.cases]}
 
-    def fail(self, host: str, reason: str) -> None:
+    def fail(self, host: str, reason: str, runtime: dict | None = None) -> None:
         """``host`` could not be benchmarked at all (no report from it)."""
-        self.hosts[host] = {"status": "failed", "reason": reason, "device": None, "elapsed_s": None,
+        self.hosts[host] = {"status": "failed", "reason": reason, "device": None, "elapsed_s": None, "runtime": runtime,
                             "cases": [{"case": case["name"], "kind": case["kind"], "status": "failed",
                                        "detail": reason} for case in self.cases]}
 
-    def add(self, host: str, result: dict) -> None:
-        """The on-host runner's report for ``host`` (``cdna2.host.bench.run_bench``)."""
+    def add(self, host: str, result: dict, runtime: dict | None = None) -> None:
+        """The on-host runner's report for ``host`` (``cdna2.host.bench.run_bench``); ``runtime``: the image's
+        Singularity/Apptainer that ran it (``cdna2.images.runtime.Launch.report``), None on the host itself."""
         statuses = {case["status"] for case in result["cases"]}
         status = "failed" if statuses & set(PROBLEMS) else (SKIPPED if statuses == {SKIPPED} else "benchmarked")
         self.hosts[host] = {"status": status, "reason": None, "device": result.get("device"),
-                            "elapsed_s": result.get("elapsed_s"), "cases": result["cases"]}
+                            "elapsed_s": result.get("elapsed_s"), "runtime": runtime, "cases": result["cases"]}
 
     # --- reading --------------------------------------------------------------------------------------------------
 
@@ -183,6 +184,13 @@ class BenchReport:
             lines += ["", f"## Over the {self.budget_seconds:g} s budget", "",
                       f"- {hosts_label(over, everyone)}: " +
                       (f"{took[0]:.0f} s" if took[0] == took[-1] else f"{took[0]:.0f}-{took[-1]:.0f} s")]
+        inside = group_hosts((host, tuple(sorted(entry["runtime"].items()))) for host, entry in self.sorted_hosts()
+                             if entry.get("runtime"))
+        if inside:
+            lines += ["", "## Run inside an image's runtime", ""]
+            lines += [f"- {hosts_label(hosts, everyone)}: {runtime['version']} ({runtime['runtime']}), "
+                      f"{runtime['image']} (SHA-256 {runtime['image_sha256']}) with {runtime['layer']} (SHA-256 "
+                      f"{runtime['layer_sha256']})" for runtime, hosts in ((dict(key), hosts) for key, hosts in inside)]
         # Hosts not benchmarked, grouped by why; per host, every host's own table.
         keyed = [(host, (entry["status"], entry["reason"])) for host, entry in self.sorted_hosts()
                  if entry["reason"] or per_host]

@@ -171,11 +171,11 @@ def runtime_lab() -> Path:
 
 
 @pytest.mark.lab
-def test_verify_runs_the_smoke_test_inside_the_runtime_on_a_node_and_names_it(deployed, runtime_lab, tmp_path,
-                                                                              monkeypatch):
+def test_verify_and_bench_run_inside_the_runtime_on_a_node_and_name_it(deployed, runtime_lab, tmp_path, monkeypatch):
     """verify.py over SSH on a lab host whose data names the image: the smoke test runs inside the runtime there
     (the lab's stand-in) with the layer; the GPU checks are skipped (the lab's GPUs are stand-ins), the static ones
-    pass; the same run with the layer edited by hand fails, naming the layer."""
+    pass. bench.py there runs the same smoke test inside the runtime first, then skips every case with that reason,
+    both reports naming the runtime. verify.py with the layer edited by hand fails, naming the layer."""
     monkeypatch.setenv("CDNA2_LAB_DIR", str(runtime_lab))
     files = LayerFiles(deployed["path"])
     arguments = ("-y", "verify.py", "--data", f"sif_image={files.image}", "--data", "smoke_gpu_checks=false")
@@ -193,6 +193,20 @@ def test_verify_runs_the_smoke_test_inside_the_runtime_on_a_node_and_names_it(de
         assert checks[name]["status"] == "passed", checks[name]
     gpu = [check for check in checks.values() if check["kind"] == "gpu"]
     assert gpu and all(check["status"] == "skipped" for check in gpu)
+
+    benched = run_pyinfra("-y", "bench.py", *arguments[2:], report_dir=tmp_path)
+    assert benched.returncode == 0, benched.output[-3000:]
+    entry = next(entry for entry in json.loads((tmp_path / "bench-latest.json").read_text())["hosts"]
+                 if entry["host"] == "mi210-a")
+    assert entry["runtime"] == row["details"]["runtime"] == benched.row("mi210-a")["details"]["runtime"]
+    reason = f"the smoke test inside {sif_runtime.VERSION_LINE} ran without GPU checks (smoke_gpu_checks is off"
+    assert entry["status"] == "skipped" and entry["reason"].startswith(reason), entry
+    assert entry["cases"] and all(case["status"] == "skipped" for case in entry["cases"])
+    assert benched.row("mi210-a")["steps"]["smoke"]["detail"].startswith(f"inside {sif_runtime.VERSION_LINE}: ")
+    assert benched.row("mi210-a")["steps"]["smoke"]["status"] == "ok"
+    assert benched.row("mi210-a")["steps"]["bench"]["status"] == "skipped"
+    assert (f"- mi210-a: {sif_runtime.VERSION_LINE} ({sif_runtime.PATH_DIR}/apptainer), {files.image} (SHA-256 "
+            f"{deployed['sha256_before']}) with {files.layer}") in (tmp_path / "bench-latest.md").read_text()
 
     data = bytearray(files.layer.read_bytes())
     data[-1] ^= 0xFF

@@ -1,6 +1,7 @@
-"""The smoke test inside an image's runtime on a node (cdna2/images/runtime.py): the commands it sends run here by
-a real shell, against files laid out as ``python -m cdna2.images deploy`` leaves them. No Singularity/Apptainer can
-run here: ``FAKE_RUNTIME`` is a test double for one (it records its arguments and prints a smoke report)."""
+"""The smoke test and the bench cases inside an image's runtime on a node (cdna2/images/runtime.py): the commands it
+sends run here by a real shell, against files laid out as ``python -m cdna2.images deploy`` leaves them. No
+Singularity/Apptainer can run here: ``FAKE_RUNTIME`` is a test double for one (it records its arguments and prints a
+report)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from cdna2.host.digests import file_sha256
 from cdna2.images.layer import LayerFiles, launch_arguments
-from cdna2.images.runtime import RuntimeCheckError, launch_of, probe_command, read_probe, read_smoke, smoke_command
+from cdna2.images.runtime import (RuntimeCheckError, bench_command, launch_of, probe_command, read_probe,
+                                  read_report, smoke_command)
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 REPORT = {"passed": 3, "failed": 0, "wrong": 0, "skipped": 1,
@@ -66,7 +68,7 @@ def test_the_smoke_test_runs_inside_the_runtime_on_the_records_launch_line(node)
     files = node["files"]
     assert (found.runtime, found.version) == (str(runtime), "apptainer version 9.9-fake")
     assert (found.python, found.site_packages) == ("/opt/venv/bin/python", f"/{SITE}")
-    report = read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+    report = read_report("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")), "smoke")
     assert report == REPORT
     jit = node["home"] / ".cache" / "cdna2-aiter-jit" / file_sha256(files.layer)[:16]
     assert jit.is_dir()  # made on the node before the runtime binds it
@@ -77,18 +79,34 @@ def test_the_smoke_test_runs_inside_the_runtime_on_the_records_launch_line(node)
         "--expect-triton", "3.7.1", "--json"]
 
 
+def test_the_bench_cases_run_inside_the_runtime_on_the_records_launch_line(node):
+    with_runtime(node, "singularity")
+    found = launch(node)
+    files, cases = node["files"], [{"name": "prefill_4x1024", "kind": "prefill"}]
+    assert read_report("n1", found, on_node(node, bench_command(found, "gfx90a", cases)), "bench") == REPORT
+    jit = node["home"] / ".cache" / "cdna2-aiter-jit" / file_sha256(files.layer)[:16]
+    assert node["args"].read_text().splitlines() == [
+        "exec", *launch_arguments(str(files.layer), str(files.image), str(jit)),
+        "/usr/bin/env", "PYTHONPATH=/var/lib/cdna2/agent", "/opt/venv/bin/python", "-B", "-m", "cdna2.host.bench",
+        "--site-packages", f"/{SITE}", "--state-dir", "/var/lib/cdna2", "--host-arch", "gfx90a",
+        "--cases-json", json.dumps(cases, sort_keys=True), "--json", "--skip-unapplied-patch-sets"]
+
+
 def test_singularity_is_preferred_as_the_wrapper_prefers_it(node):
     with_runtime(node, "apptainer")
     singularity = with_runtime(node, "singularity")
     assert launch(node).runtime == str(singularity)
 
 
-def test_a_layer_edited_by_hand_fails_by_name_and_the_runtime_never_runs(node):
+@pytest.mark.parametrize("command", [lambda found: smoke_command(found, "gfx90a", True, "3.7.1"),
+                                     lambda found: bench_command(found, "gfx90a", [{"name": "prefill_4x1024"}])],
+                         ids=["smoke", "bench"])
+def test_a_layer_edited_by_hand_fails_by_name_and_the_runtime_never_runs(node, command):
     with_runtime(node, "apptainer")
     found = launch(node)
     node["files"].layer.write_bytes(b"layer bytes, edited")
     with pytest.raises(RuntimeCheckError) as raised:
-        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+        read_report("n1", found, on_node(node, command(found)), "smoke")
     assert str(raised.value).startswith(f"n1: {node['files'].layer}: SHA-256 differs from {node['files'].record}")
     assert not node["args"].exists()
 
@@ -98,7 +116,7 @@ def test_an_image_that_differs_from_its_record_fails_by_name(node):
     found = launch(node)
     node["files"].image.write_bytes(b"another image")
     with pytest.raises(RuntimeCheckError, match=f"^n1: {node['files'].image}: SHA-256 differs"):
-        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+        read_report("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")), "smoke")
     assert not node["args"].exists()
 
 
@@ -110,7 +128,7 @@ def test_a_hash_check_that_fails_without_a_word_is_no_pass(node):
     broken.chmod(0o755)
     with pytest.raises(RuntimeCheckError,
                        match=f"^n1: {node['files'].layer} \\(sha256sum could not check it\\): SHA-256 differs"):
-        read_smoke("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")))
+        read_report("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")), "smoke")
     assert not node["args"].exists()
 
 
@@ -134,4 +152,4 @@ def test_a_runtime_that_prints_no_report_fails_with_its_own_words(node):
                        'echo "FATAL: container creation failed"\nexit 255\n')
     found = launch(node)
     with pytest.raises(RuntimeCheckError, match="printed no smoke report; its output ends: FATAL: container"):
-        read_smoke("n1", found, on_node(node, smoke_command(found, None, False, "3.7.1")))
+        read_report("n1", found, on_node(node, smoke_command(found, None, False, "3.7.1")), "smoke")

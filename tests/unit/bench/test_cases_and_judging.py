@@ -197,3 +197,16 @@ def test_a_gemm_case_with_an_attention_field_is_refused(tmp_path: Path) -> None:
                                 "cases": [{**GEMM, "proof": "^pa/"}]}))
     with pytest.raises(BenchDataError, match=r"\$\.cases\[0\]"):
         load_cases(path)
+
+
+def test_inside_an_image_the_runner_skips_the_cases_its_deployed_state_lacks_a_patch_set_for(tmp_path: Path,
+                                                                                              capsys) -> None:
+    """--skip-unapplied-patch-sets: the state the layer carries (state.json in --state-dir) marks the cases, as the
+    controller does for a host it can read."""
+    (tmp_path / "state.json").write_text(json.dumps({"deployed": {"patch_sets": {"amd-aiter": ["aiter-asm-paths"]}}}))
+    arguments = ["--site-packages", str(tmp_path), "--state-dir", str(tmp_path), "--host-arch", "gfx90a",
+                 "--cases-json", json.dumps([GEMM]), "--skip-unapplied-patch-sets", "--json"]
+    assert bench.main(arguments) == 0
+    case, = json.loads(capsys.readouterr().out)["cases"]
+    assert case["status"] == "skipped" and case["detail"].startswith(
+        "skipped: needs the patch set aiter-ck-int8-gemm, not applied on this host")

@@ -1,5 +1,6 @@
 """operations.bench.benchmarked, run by real pyinfra (API mode) against @fake hosts that answer the bench fact with
-a runner's JSON: a skipped host is named with its reason, a wrong case fails the host, figures reach the report."""
+a runner's JSON: a skipped host is named with its reason, a wrong case fails the host, figures reach the report.
+benchmarked_inside_image likewise, the fake host answering as a node's Singularity would (a test double)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,61 @@ def test_the_deploy_skips_hosts_whose_smoke_step_cannot_prove_the_asm_path() -> 
     assert "smoke_gpu_checks is off" in deploy_skip_reason("gfx90a", False, [])
     assert "amd-aiter (re)installed by this run" in deploy_skip_reason("gfx90a", True, ["amd-aiter"])
     assert deploy_skip_reason("gfx90a", True, []) is None
+
+
+# A node running an image: what its Singularity/Apptainer (a test double: the fake host's answers) would print.
+IMAGE = "/project/images/vllm.sif"
+RECORD = {"image_sha256": "a" * 64, "layer_sha256": "b" * 64, "layer": "vllm.gfx90a-layer.sqsh",
+          "files": ["opt/venv/lib/python3.11/site-packages/aiter_meta/hsa/gfx90a/fmha.co"]}
+PROBE = f"runtime=/usr/bin/singularity\nversion=singularity-ce version 4.1.0\nimage=found\n--- record\n" \
+        f"{json.dumps(RECORD)}"
+IMAGE_BENCH = "-m cdna2.host.bench --site-packages"
+
+
+def smoke_report(gpu_status: str) -> str:
+    checks = [{"name": "gfx90a_tree", "kind": "static", "status": "passed", "detail": "178 code objects"},
+              {"name": "fmha_fwd", "kind": "gpu", "status": gpu_status, "detail": f"{gpu_status} on the GPU"}]
+    return json.dumps({"checks": checks, "passed": 1 + (gpu_status == "passed"), "failed": gpu_status == "failed",
+                       "wrong": 0, "skipped": 0, "families": {}})
+
+
+def run_image_bench_op(smoke: str, host_arch: str = "gfx90a"):
+    state, host = fake_host({"command -v singularity": PROBE, "-m cdna2.host.smoke": smoke,
+                             IMAGE_BENCH: runner_output("ok")})
+    report = RunReport(mode="bench", inventory="test")
+    bench_report = BenchReport(inventory="test", budget_seconds=120, cases=CASES)
+    add_op(state, bench.benchmarked_inside_image, bench=bench_report, report=report, image=IMAGE, cases=CASES,
+           host_arch=host_arch, host=[host])
+    run_ops(state)
+    return state, host, report, bench_report
+
+
+def ran_in_image(host, module: str) -> bool:
+    return any(f"-m {module} " in command for command in host.connector.executed_commands)
+
+
+def test_inside_an_image_the_cases_run_after_the_smoke_test_passed_there_and_the_runtime_is_named() -> None:
+    state, host, report, bench_report = run_image_bench_op(smoke_report("passed"))
+    assert host not in state.failed_hosts and ran_in_image(host, "cdna2.host.bench")
+    entry = bench_report.hosts["@fake/a"]
+    assert entry["status"] == "benchmarked" and entry["runtime"]["version"] == "singularity-ce version 4.1.0"
+    assert (entry["runtime"]["image"], entry["runtime"]["layer_sha256"]) == (IMAGE, "b" * 64)
+    assert report.host("@fake/a").steps["bench"].cell() == "ok: 2 ok in 80 s inside singularity-ce version 4.1.0"
+    assert report.host("@fake/a").details["runtime"] == entry["runtime"]
+    assert "- @fake/a: singularity-ce version 4.1.0 (/usr/bin/singularity)" in bench_report.to_markdown(None)
+
+
+def test_inside_an_image_a_failing_smoke_test_fails_the_node_and_nothing_is_timed() -> None:
+    state, host, report, bench_report = run_image_bench_op(smoke_report("failed"))
+    assert host in state.failed_hosts and not ran_in_image(host, "cdna2.host.bench")
+    assert report.host("@fake/a").steps["smoke"].status == "failed"
+    reason = bench_report.hosts["@fake/a"]["reason"]
+    assert reason.startswith("@fake/a: the smoke test inside singularity-ce version 4.1.0 with "
+                             "/project/images/vllm.gfx90a-layer.sqsh failed (fmha_fwd failed: failed on the GPU)")
+    assert "no benchmark of an unproven kernel" in reason and bench_report.hosts["@fake/a"]["runtime"]
+
+
+def test_inside_an_image_a_node_that_is_not_gfx90a_runs_nothing() -> None:
+    state, host, report, bench_report = run_image_bench_op(smoke_report("passed"), host_arch="gfx942")
+    assert host not in state.failed_hosts and not host.connector.executed_commands
+    assert bench_report.hosts["@fake/a"]["reason"] == "not a gfx90a node (the probe saw gfx942)"
