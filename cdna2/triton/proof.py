@@ -257,7 +257,8 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
         requests, owners = [], {}
         for index, (proof, config) in enumerate(pending):
             recipe = recipes.RECIPES[ops[proof.op]["recipe"]]
-            for path, request in recipe(config.config, config.key.rsplit(".", 1)[-1], _shape(proof.file)):
+            # the whole dotted key: GMM's names the kernel (gmm.default, ptgmm.accumulate), MHA's the case
+            for path, request in recipe(config.config, config.key, _shape(proof.file)):
                 for arch in ["gfx90a", "gfx942"] if first else ["gfx90a"]:
                     identifier = f"{index}|{arch}|{path}"
                     requests.append({**request, "id": identifier, "arch": arch})

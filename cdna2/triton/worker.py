@@ -3,7 +3,8 @@ holding one triton wheel (``python worker.py < job.json``). Standard library and
 
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
 "tensor_dtype", "tensors", "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of ``modules`` present in
-the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names).
+the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype ``tensors`` names); a
+value ``{"call", "modules", "args"}`` is what that AITER function returns (a ``@triton.jit`` activation, say).
 With ``"lookups": [{"id", "modules", "function", "args"}]`` it calls AITER's own config lookups instead, as they run
 on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
@@ -158,9 +159,19 @@ def kernel_arguments(jit, computed: set[str], request: dict, torch) -> tuple[dic
     return arguments, ignored
 
 
+def _resolved(site_packages: Path, value):
+    """A value as the wrapper passes it: ``{"call", "modules", "args"}`` calls that AITER function (AITER's wrappers
+    pass ``_get_activation_from_str(name)``, a JITFunction, as a constexpr)."""
+    if isinstance(value, dict) and "call" in value:
+        return _kernel(site_packages, value["modules"], value["call"])[1](*value["args"])
+    return value
+
+
 def compile_one(site_packages: Path, request: dict, torch) -> dict:
     module, kernel = _kernel(site_packages, request["modules"], request["kernel"])
     jit, computed = _jit_function(kernel)
+    request = {**request, "values": {name: _resolved(site_packages, value)
+                                     for name, value in request["values"].items()}}
     arguments, ignored = kernel_arguments(jit, computed, request, torch)
     jit.device_caches.clear()  # its binder holds the target of its first compile; this request may name another
     compiled = kernel.warmup(grid=(1,), **arguments)
