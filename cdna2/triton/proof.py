@@ -200,11 +200,30 @@ LOOKUPS = (
                  "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16"]},
     {"id": "mha", "function": "_get_config", "args": [True, {"dtype": "bf16"}, True],
      "modules": ["aiter.ops.triton._triton_kernels.mha", "aiter.ops.triton._triton_kernels.attention.mha"]},
+    # the GEMM variants' lookups, (M, N, K) as their wrappers pass them; GMM's is (variant, M, K, N, G)
+    {"id": "batched_gemm_a16w16", "function": "_get_config", "args": [4096, 4096, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.batched_gemm_bf16",
+                 "aiter.ops.triton._triton_kernels.gemm.batched.batched_gemm_bf16"]},
+    {"id": "batched_gemm_a16w16 N=1024 K=4096", "function": "_get_config", "args": [64, 1024, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.batched_gemm_bf16",
+                 "aiter.ops.triton._triton_kernels.gemm.batched.batched_gemm_bf16"]},
+    {"id": "gemm_a16w16_atomic", "function": "_get_config", "args": [4096, 4096, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.gemm_a16w16_atomic",
+                 "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16_atomic"]},
+    {"id": "gemm_a16w16_gated", "function": "_get_config", "args": [4096, 4096, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.gemm_a16w16_gated",
+                 "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16_gated"]},
+    {"id": "ff_a16w16_fused", "function": "_get_config", "args": [8, 14336, 4096],
+     "modules": ["aiter.ops.triton._triton_kernels.ff_a16w16_fused_gated",
+                 "aiter.ops.triton._triton_kernels.gemm.feed_forward.ff_a16w16_fused_gated"]},
+    {"id": "gmm", "function": "get_config", "args": ["gmm", 4096, 4096, 4096, 8],
+     "modules": ["aiter.ops.triton._triton_kernels.gmm"]},
 )
 
 
 def look_up(site_packages: Path, triton_version: str, arch: str) -> dict[str, dict]:
-    """AITER's own lookups of gemm_a16w16's and MHA's configs in ``site_packages``, run as on a host of ``arch``:
+    """AITER's own lookups of the configs the aiter-triton-gfx90a set adds (``LOOKUPS``) in ``site_packages``, run as
+    on a host of ``arch``:
     ``{op: {"ok", "config" | "error"}}``."""
     python = toolchain.triton_python(triton_version)
     return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")

@@ -198,6 +198,8 @@ def main() -> int:
 
     sys.path.insert(0, str(site_packages))
     results = []
+    answer = sys.stdout
+    sys.stdout = sys.stderr  # stdout carries the JSON answer only; AITER prints (0.1.7's batched lookup its path)
     for request in job.get("lookups", []):
         driver.set_active(_stand_in_driver(job["arch"]))
         try:
@@ -212,7 +214,7 @@ def main() -> int:
             message = f"{type(error).__name__}: {error}".strip().splitlines()
             results.append({"id": request["id"], "ok": False, "error": " / ".join(message[-3:])[:600]})
         print(f"compiled {len(results)}/{len(job['compiles'])}", file=sys.stderr, flush=True)
-    json.dump({"triton": triton.__version__, "results": results}, sys.stdout)
+    json.dump({"triton": triton.__version__, "results": results}, answer)
     return 0
 
 

@@ -3,6 +3,7 @@ once the aiter-triton-gfx90a set is applied, and fail by name without it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -16,6 +17,8 @@ from releases import coverage, discovery
 
 pytestmark = pytest.mark.slow
 SET = "aiter-triton-gfx90a"
+GEMM_VARIANTS = ("batched_gemm_a16w16", "batched_gemm_a16w16 N=1024 K=4096", "gemm_a16w16_atomic",
+                 "gemm_a16w16_gated", "ff_a16w16_fused", "gmm")
 
 
 def _patched(catalog, tree, scratch):
@@ -51,7 +54,7 @@ def catalog():
 
 def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir, tmp_path):
     files = catalog.target_files("amd-aiter")
-    checked = []
+    checked, specialised_found = [], []
     for release in _releases(aiter_git_dir):
         scratch = tmp_path / release
         if release == "0.1.7":
@@ -65,8 +68,17 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
         # M = 4096 reads the "any" bucket, stepped down for gfx90a: the derived config, not gfx942's
         assert found["gemm_a16w16"]["config"]["BLOCK_SIZE_N"] == 128, (release, found)
         assert found["mha"]["config"]["BLOCK_M"] == 128, (release, found)
+        for op in GEMM_VARIANTS:
+            assert found[op]["ok"], (release, op, found[op])
+        assert found["gmm"]["config"]["GRID_DIM"] == 104, (release, found["gmm"])  # an MI210's CUs, not MI300X's 304
+        specialised = root / "aiter/ops/triton/configs/gemm/gfx90a-BATCHED_GEMM-A16W16-N=1024-K=4096.json"
+        if specialised.exists():  # from v0.1.19: N=1024, K=4096 reads it (M = 64: its M_LEQ_64 bucket)
+            expected = json.loads(specialised.read_text())["M_LEQ_64"]
+            assert found["batched_gemm_a16w16 N=1024 K=4096"]["config"]["BLOCK_SIZE_N"] == expected["BLOCK_SIZE_N"]
+            specialised_found.append(release)
         checked.append(release)
     assert len(checked) == 16, checked
+    assert specialised_found == ["v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
 
 
 @pytest.mark.parametrize("release", ["0.1.7", "v0.1.19.post2", "v0.1.20.post1"])

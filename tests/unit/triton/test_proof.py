@@ -34,7 +34,7 @@ def test_classification_of_the_017_tree(aiter_017_tree):
     assert by_file["MI300X-MHA-DEFAULT.json"].target == "MI200-MHA-DEFAULT.json"
     assert by_file["moe/MI300X-MOE-FP8_W8A8.json"].status == "refused"
     assert "FP8" in by_file["gemm/MI300X-GEMM-A8W8_BLOCKSCALE.json"].reason
-    assert by_file["MI300X-GMM.json"].status == "unproven"
+    assert by_file["MI300X-GMM.json"].target == "MI200-GMM.json"  # flat, outside gemm/
     assert not any(name.startswith("MI350X") for name in by_file)
 
 
@@ -96,4 +96,7 @@ def test_a_lookup_file_is_named_by_the_release_layout(tmp_path):
     (tmp_path / "gemm").mkdir()
     (tmp_path / "gemm" / "gfx942-GEMM-A16W16.json").write_text("{}")
     assert proof.arch_names(tmp_path, proof.load_rules()) == ("gfx942", "gfx90a")
-    assert proof.classify(tmp_path, proof.load_rules())[0].target == "gemm/gfx90a-GEMM-A16W16.json"
+    (tmp_path / "gfx942-NO_RECIPE.json").write_text("{}")
+    first, unknown = proof.classify(tmp_path, proof.load_rules())
+    assert first.target == "gemm/gfx90a-GEMM-A16W16.json"
+    assert (unknown.status, unknown.target) == ("unproven", None)  # no config is written for an op without a recipe
