@@ -200,22 +200,17 @@ LOOKUPS = (
                  "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16"]},
     {"id": "mha", "function": "_get_config", "args": [True, {"dtype": "bf16"}, True],
      "modules": ["aiter.ops.triton._triton_kernels.mha", "aiter.ops.triton._triton_kernels.attention.mha"]},
-    # the GEMM variants' lookups, (M, N, K) as their wrappers pass them; GMM's is (variant, M, K, N, G)
-    {"id": "batched_gemm_a16w16", "function": "_get_config", "args": [4096, 4096, 4096],
-     "modules": ["aiter.ops.triton._triton_kernels.batched_gemm_bf16",
-                 "aiter.ops.triton._triton_kernels.gemm.batched.batched_gemm_bf16"]},
-    {"id": "batched_gemm_a16w16 N=1024 K=4096", "function": "_get_config", "args": [64, 1024, 4096],
-     "modules": ["aiter.ops.triton._triton_kernels.batched_gemm_bf16",
-                 "aiter.ops.triton._triton_kernels.gemm.batched.batched_gemm_bf16"]},
-    {"id": "gemm_a16w16_atomic", "function": "_get_config", "args": [4096, 4096, 4096],
-     "modules": ["aiter.ops.triton._triton_kernels.gemm_a16w16_atomic",
-                 "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16_atomic"]},
-    {"id": "gemm_a16w16_gated", "function": "_get_config", "args": [4096, 4096, 4096],
-     "modules": ["aiter.ops.triton._triton_kernels.gemm_a16w16_gated",
-                 "aiter.ops.triton._triton_kernels.gemm.basic.gemm_a16w16_gated"]},
-    {"id": "ff_a16w16_fused", "function": "_get_config", "args": [8, 14336, 4096],
-     "modules": ["aiter.ops.triton._triton_kernels.ff_a16w16_fused_gated",
-                 "aiter.ops.triton._triton_kernels.gemm.feed_forward.ff_a16w16_fused_gated"]},
+    # the GEMM variants' lookups, (M, N, K) as their wrappers pass them, 0.1.7's module or the later one
+    *({"id": op, "function": "_get_config", "args": args,
+       "modules": [f"aiter.ops.triton._triton_kernels.{module}",
+                   f"aiter.ops.triton._triton_kernels.gemm.{folder}.{module}"]}
+      for op, args, folder, module in (
+          ("batched_gemm_a16w16", [4096, 4096, 4096], "batched", "batched_gemm_bf16"),
+          ("batched_gemm_a16w16 N=1024 K=4096", [64, 1024, 4096], "batched", "batched_gemm_bf16"),
+          ("gemm_a16w16_atomic", [4096, 4096, 4096], "basic", "gemm_a16w16_atomic"),
+          ("gemm_a16w16_gated", [4096, 4096, 4096], "basic", "gemm_a16w16_gated"),
+          ("ff_a16w16_fused", [8, 14336, 4096], "feed_forward", "ff_a16w16_fused_gated"))),
+    # GMM's: (variant, M, K, N, G)
     {"id": "gmm", "function": "get_config", "args": ["gmm", 4096, 4096, 4096, 8],
      "modules": ["aiter.ops.triton._triton_kernels.gmm"]},
 )

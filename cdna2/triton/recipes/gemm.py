@@ -135,8 +135,9 @@ def ff_a16w16_fused(config: dict, key: str, shape: tuple[int, int] | None) -> li
                       "stride_w1n": k, "stride_w2n": k, "stride_w2k": 1, "stride_ym": k, "stride_yk": 1,
                       "activation": _activation(activation), "use_activation": activation is not None}
             module = f"ff_a16w16_fused_{kernel}"
-            paths.append((f"{kernel} {path}", {"modules": [f"{_KERNELS}.{module}", f"{_KERNELS}.gemm.feed_forward.{module}"],
-                                               "kernel": f"_{module}", "values": values, "tensor_dtype": "bf16"}))
+            modules = [f"{_KERNELS}.{module}", f"{_KERNELS}.gemm.feed_forward.{module}"]
+            paths.append((f"{kernel} {path}", {"modules": modules, "kernel": f"_{module}", "values": values,
+                                               "tensor_dtype": "bf16"}))
     return paths
 
 

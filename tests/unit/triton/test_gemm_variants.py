@@ -96,8 +96,8 @@ def compiled(aiter_017_tree, aiter_git_dir):
     python = triton_python(DEFAULT_TRITON)
     results = proof._run_worker(python, aiter_017_tree, _requests("0.1.7", list(OPS)), "gfx90a", lambda line: None)
     tree = coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
-    later = proof._run_worker(python, tree, _requests("0.1.17-main", ["BATCHED_GEMM-A16W16", "GMM"],
-                                                      ("K % BLOCK_SIZE_K != 0 +bias", "all")), "gfx90a", lambda line: None)
+    every_flag = _requests("0.1.17-main", ["BATCHED_GEMM-A16W16", "GMM"], ("K % BLOCK_SIZE_K != 0 +bias", "all"))
+    later = proof._run_worker(python, tree, every_flag, "gfx90a", lambda line: None)
     return {**results, **{f"v0.1.20.post1 {key}": value for key, value in later.items()}}
 
 
