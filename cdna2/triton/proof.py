@@ -18,6 +18,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -180,13 +181,19 @@ def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: s
                                    stderr=subprocess.PIPE, text=True, env=env)
         process.stdin.write(json.dumps(job))
         process.stdin.close()
+        # stdout is read beside stderr: an answer larger than the pipe's buffer would otherwise block the worker
+        # while this reads stderr to its end (a deadlock at about 150 compiles)
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(process.stdout.read()), daemon=True)
+        reader.start()
         errors = []
         for line in process.stderr:
             if line.startswith("compiled "):
                 progress(line.strip())
             else:
                 errors.append(line)
-        output = process.stdout.read()
+        reader.join()
+        output = answer[0] if answer else ""
         if process.wait() != 0:
             raise ProofError(f"the compile worker ({python}) failed (exit {process.returncode}): "
                              f"{''.join(errors)[-2000:]}")

@@ -143,7 +143,7 @@ def ff_a16w16_fused(config: dict, key: str, shape: tuple[int, int] | None) -> li
 
 def _gmm_paths(flags: tuple[str, ...]) -> list[tuple[str, set[str]]]:
     """Each flag alone, none, and all together: the flags act on separate parts of the kernel (operand layout, K
-    tail, bias, tile scheduling, index width)."""
+    tail, bias, tile scheduling)."""
     return [("base", set())] + [(flag, {flag}) for flag in flags] + [("all", set(flags))]
 
 
@@ -151,12 +151,13 @@ def gmm(config: dict, key: str, shape: tuple[int, int] | None) -> list[Path]:
     """The GMM file's ``<variant>.<case>``: gmm (lhs (M, K) @ rhs (G, K, N), persistent, GRID_DIM programs), ptgmm
     (persistent) and nptgmm (grid (G, tiles)) computing (K, M) @ (M, N) -> (G, K, N); ``accumulate`` (v0.1.16 on) is
     the config ptgmm/nptgmm read with ACCUMULATE. Flags from gmm.py: TRANS_RHS / TRANS_LHS (rhs or lhs
-    column-major), USE_BIAS / COMPUTE_BIAS_GRAD (fp32 bias_grad), WORK_STEALING (int32 tile counter), int64
-    group_sizes (INT_TYPE); K % BLOCK_SIZE_K decides gmm's K_DIVISIBLE_BY_BLOCK_SIZE_K. 0.1.7's kernels take none
-    of bias, accumulate or work stealing: the worker drops them."""
+    column-major), USE_BIAS / COMPUTE_BIAS_GRAD (fp32 bias_grad), WORK_STEALING (int32 tile counter); K %
+    BLOCK_SIZE_K decides gmm's K_DIVISIBLE_BY_BLOCK_SIZE_K. group_sizes are int32, the wrappers' default and 0.1.7's
+    only type (int64, accepted from v0.1.16, fails 0.1.7's kernel: one recipe serves both, so it is not compiled).
+    0.1.7's kernels take none of bias, accumulate or work stealing: the worker drops them."""
     variant, case = key.split(".")
-    flags = (("TRANS_RHS", "K % BLOCK_SIZE_K != 0", "USE_BIAS", "WORK_STEALING", "int64 group_sizes")
-             if variant == "gmm" else ("TRANS_LHS", "COMPUTE_BIAS_GRAD", "int64 group_sizes"))
+    flags = (("TRANS_RHS", "K % BLOCK_SIZE_K != 0", "USE_BIAS", "WORK_STEALING") if variant == "gmm"
+             else ("TRANS_LHS", "COMPUTE_BIAS_GRAD"))
     kernel = {"gmm": "gmm_kernel", "ptgmm": "tgmm_persistent_kernel", "nptgmm": "tgmm_non_persistent_kernel"}[variant]
     paths = []
     for path, on in _gmm_paths(flags):
@@ -166,6 +167,6 @@ def gmm(config: dict, key: str, shape: tuple[int, int] | None) -> list[Path]:
                   "WORK_STEALING": "WORK_STEALING" in on, "COMPUTE_BIAS_GRAD": "COMPUTE_BIAS_GRAD" in on,
                   "ACCUMULATE": case == "accumulate"}
         paths.append((path, {"modules": [f"{_KERNELS}.gmm"], "kernel": kernel, "values": values, "tensor_dtype": "bf16",
-                             "tensors": {"group_sizes_ptr": "int64" if "int64 group_sizes" in on else "int32",
-                                         "tile_counter_ptr": "int32", "bias_grad_ptr": "fp32"}}))
+                             "tensors": {"group_sizes_ptr": "int32", "tile_counter_ptr": "int32",
+                                         "bias_grad_ptr": "fp32"}}))
     return paths

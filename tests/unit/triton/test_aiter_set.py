@@ -28,7 +28,10 @@ def test_absent_files_are_added_and_a_second_plan_changes_nothing(release, tmp_p
     catalog, root = release
     plan = coverage._plan(catalog, "amd-aiter", root, [SET])
     added = [change for change in plan.changes if change.old_sha256 is None]
-    assert sorted(change.path for change in added) == ["aiter/ops/triton/configs/MI200-MHA-DEFAULT.json", GEMM]
+    assert sorted(change.path for change in added) == sorted(
+        f"aiter/ops/triton/configs/{name}.json" for name in (
+            "MI200-GMM", "MI200-MHA-DEFAULT", "gemm/MI200-BATCHED_GEMM-A16W16", "gemm/MI200-FF-A16W16-fused",
+            "gemm/MI200-GEMM-A16W16", "gemm/MI200-GEMM-A16W16-ATOMIC", "gemm/MI200-GEMM-A16W16-gated"))
     assert plan.variants[SET] == "0.1.7"
     assert apply_in_place(root, plan, tmp_path / "state")["ok"]
     assert (root / GEMM).read_bytes() == next(change.new_bytes for change in added if change.path == GEMM)

@@ -51,11 +51,11 @@ def test_gmm_grid_is_the_hosts_and_every_flag_is_compiled():
     paths = dict(gemm.gmm(proof._with_host(config, proof.load_rules(), "MI210"), "gmm.default", None))
     assert {request["values"]["GRID_DIM"] for request in paths.values()} == {104}
     assert paths["all"]["values"]["TRANS_RHS"] and paths["all"]["values"]["USE_BIAS"]
-    assert paths["all"]["values"]["WORK_STEALING"] and paths["all"]["tensors"]["group_sizes_ptr"] == "int64"
+    assert paths["all"]["values"]["WORK_STEALING"] and paths["all"]["tensors"]["group_sizes_ptr"] == "int32"
     assert paths["all"]["values"]["K"] % config["BLOCK_SIZE_K"] and not paths["base"]["values"]["K"] % 64
     accumulate = dict(gemm.gmm(config, "nptgmm.accumulate", None))
     assert accumulate["base"]["kernel"] == "tgmm_non_persistent_kernel" and accumulate["base"]["values"]["ACCUMULATE"]
-    assert set(accumulate) == {"base", "TRANS_LHS", "COMPUTE_BIAS_GRAD", "int64 group_sizes", "all"}
+    assert set(accumulate) == {"base", "TRANS_LHS", "COMPUTE_BIAS_GRAD", "all"}
 
 
 def test_recipes_repeat_the_wrappers_arithmetic():
@@ -74,18 +74,19 @@ def test_recipes_repeat_the_wrappers_arithmetic():
     assert gated[1][1]["values"]["activation"]["args"] == ["silu"] and gated[0][1]["values"]["activation"] == ""
 
 
-def _requests(release_dir: str, names: list[str], paths: tuple[str, ...] | None = None) -> list[dict]:
+def _requests(files: list[tuple[str, str]], paths: tuple[str, ...] | None = None) -> list[dict]:
+    """Compiles of the committed configs ``files`` ((release dir, name)) for gfx90a and gfx942: one config of a GEMM
+    file, each of GMM's (gmm, ptgmm, nptgmm; default, accumulate), on the covering paths (or ``paths``)."""
     requests = []
-    for name in names:
+    for release_dir, name in files:
         op = OPS[name]
-        document = _file(release_dir, name)
-        for key, config in proof._leaves(document):
+        for key, config in proof._leaves(_file(release_dir, name)):
             for path, request in recipes.RECIPES[op](config, key, None):
                 if path in (paths or COVERING[op]):
                     for arch in ("gfx90a", "gfx942"):
                         requests.append({**request, "id": f"{name}|{key}|{path}|{arch}", "arch": arch})
             if name != "GMM":
-                break  # one config of a GEMM file; each of GMM's kernels (gmm, ptgmm, nptgmm; default, accumulate)
+                break
     return requests
 
 
@@ -94,9 +95,11 @@ def compiled(aiter_017_tree, aiter_git_dir):
     """The committed gfx90a configs compiled: all five ops on 0.1.7; on v0.1.20.post1 the two whose kernels
     changed (batched takes split-K, GMM bias, work stealing and accumulate)."""
     python = triton_python(DEFAULT_TRITON)
-    results = proof._run_worker(python, aiter_017_tree, _requests("0.1.7", list(OPS)), "gfx90a", lambda line: None)
+    first = _requests([("0.1.7", name) for name in OPS])
+    results = proof._run_worker(python, aiter_017_tree, first, "gfx90a", lambda line: None)
     tree = coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
-    every_flag = _requests("0.1.17-main", ["BATCHED_GEMM-A16W16", "GMM"], ("K % BLOCK_SIZE_K != 0 +bias", "all"))
+    every_flag = _requests([("0.1.17-main", "BATCHED_GEMM-A16W16"), ("0.1.16-main", "GMM")],
+                           ("K % BLOCK_SIZE_K != 0 +bias", "all"))
     later = proof._run_worker(python, tree, every_flag, "gfx90a", lambda line: None)
     return {**results, **{f"v0.1.20.post1 {key}": value for key, value in later.items()}}
 

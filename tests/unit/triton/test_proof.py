@@ -48,7 +48,8 @@ def test_host_values_replace_mi300x_ones():
 @pytest.mark.slow
 def test_whole_017_tree_every_derived_config_compiles_within_lds(proof_017):
     derived = [entry for entry in proof_017["entries"] if entry["status"] in ("derived", "stepped-down")]
-    assert {entry["op"] for entry in derived} == {"gemm_a16w16", "mha"}
+    assert {entry["op"] for entry in derived} >= {"gemm_a16w16", "mha", "batched_gemm_a16w16", "gemm_a16w16_atomic",
+                                                  "gemm_a16w16_gated", "ff_a16w16_fused", "gmm"}
     assert not [entry for entry in proof_017["entries"] if entry["status"] == "failed"]
     for entry in derived:
         for config in entry["configs"]:
