@@ -27,8 +27,10 @@ from releases.coverage import aiter_triton_tree
 CONFIGS = COMMITTED.parent / "triton-configs"
 # (release: the proof's file name, config directory its derived files go to, the tree: a git ref, or None for the
 # PyPI wheel)
-TREES = (("0.1.7.post2.dev18", "0.1.7", None), ("0.1.16", "0.1.16-main", "v0.1.16"),
-         ("0.1.20.post1", "0.1.16-main", "v0.1.20.post1"), ("main", "0.1.16-main", "main"))
+# v0.1.16's batched GEMM kernel takes no NUM_KSPLIT, so its configs have a directory of their own; v0.1.17 to main
+# derive the same bytes (the set's variants 0.1.17-0.1.18, 0.1.19 and 0.1.20-main read 0.1.17-main).
+TREES = (("0.1.7.post2.dev18", "0.1.7", None), ("0.1.16", "0.1.16", "v0.1.16"),
+         ("0.1.20.post1", "0.1.17-main", "v0.1.20.post1"), ("main", "0.1.17-main", "main"))
 
 
 class RegenerateError(RuntimeError):

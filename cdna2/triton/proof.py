@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -196,13 +197,19 @@ def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: s
                                    stderr=subprocess.PIPE, text=True, env=env)
         process.stdin.write(json.dumps(job))
         process.stdin.close()
+        # stdout is read beside stderr: an answer larger than the pipe's buffer would otherwise block the worker
+        # while this reads stderr to its end (a deadlock at about 150 compiles)
+        answer: list[str] = []
+        reader = threading.Thread(target=lambda: answer.append(process.stdout.read()), daemon=True)
+        reader.start()
         errors = []
         for line in process.stderr:
             if line.startswith("compiled "):
                 progress(line.strip())
             else:
                 errors.append(line)
-        output = process.stdout.read()
+        reader.join()
+        output = answer[0] if answer else ""
         if process.wait() != 0:
             raise ProofError(f"the compile worker ({python}) failed (exit {process.returncode}): "
                              f"{''.join(errors)[-2000:]}")
@@ -239,6 +246,19 @@ LOOKUPS = (
     {"id": "moe_routing_sigmoid_top1", "function": "_get_config", "args": [4096, 128, 4096],
      "modules": ["aiter.ops.triton._triton_kernels.moe_routing_sigmoid_top1_fused",
                  "aiter.ops.triton._triton_kernels.moe.moe_routing_sigmoid_top1_fused"]},
+    # the GEMM variants' lookups, (M, N, K) as their wrappers pass them, 0.1.7's module or the later one
+    *({"id": op, "function": "_get_config", "args": args,
+       "modules": [f"aiter.ops.triton._triton_kernels.{module}",
+                   f"aiter.ops.triton._triton_kernels.gemm.{folder}.{module}"]}
+      for op, args, folder, module in (
+          ("batched_gemm_a16w16", [4096, 4096, 4096], "batched", "batched_gemm_bf16"),
+          ("batched_gemm_a16w16 N=1024 K=4096", [64, 1024, 4096], "batched", "batched_gemm_bf16"),
+          ("gemm_a16w16_atomic", [4096, 4096, 4096], "basic", "gemm_a16w16_atomic"),
+          ("gemm_a16w16_gated", [4096, 4096, 4096], "basic", "gemm_a16w16_gated"),
+          ("ff_a16w16_fused", [8, 14336, 4096], "feed_forward", "ff_a16w16_fused_gated"))),
+    # GMM's: (variant, M, K, N, G)
+    {"id": "gmm", "function": "get_config", "args": ["gmm", 4096, 4096, 4096, 8],
+     "modules": ["aiter.ops.triton._triton_kernels.gmm"]},
 )
 
 

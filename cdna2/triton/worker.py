@@ -4,7 +4,8 @@ holding one triton wheel (``python worker.py < job.json``). Standard library and
 Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"id", "modules", "kernel", "values",
 "tensor_dtype", "tensors", "language_dtypes"?, "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of
 ``modules`` present in the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype
-``tensors`` names); a constexpr named in ``language_dtypes`` gets that ``tl`` dtype (a compute type).
+``tensors`` names); a constexpr named in ``language_dtypes`` gets that ``tl`` dtype (a compute type); a value
+``{"call", "modules", "args"}`` is what that AITER function returns (a ``@triton.jit`` activation, say).
 With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead,
 as they run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
@@ -171,9 +172,19 @@ def kernel_arguments(jit, computed: set[str], request: dict, torch) -> tuple[dic
     return arguments, ignored
 
 
+def _resolved(site_packages: Path, value):
+    """A value as the wrapper passes it: ``{"call", "modules", "args"}`` calls that AITER function (AITER's wrappers
+    pass ``_get_activation_from_str(name)``, a JITFunction, as a constexpr)."""
+    if isinstance(value, dict) and "call" in value:
+        return _kernel(site_packages, value["modules"], value["call"])[1](*value["args"])
+    return value
+
+
 def compile_one(site_packages: Path, request: dict, torch) -> dict:
     module, kernel = _kernel(site_packages, request["modules"], request["kernel"])
     jit, computed = _jit_function(kernel)
+    request = {**request, "values": {name: _resolved(site_packages, value)
+                                     for name, value in request["values"].items()}}
     arguments, ignored = kernel_arguments(jit, computed, request, torch)
     jit.device_caches.clear()  # its binder holds the target of its first compile; this request may name another
     compiled = kernel.warmup(grid=(1,), **arguments)
@@ -202,6 +213,8 @@ def main() -> int:
 
     sys.path.insert(0, str(site_packages))
     results = []
+    answer = sys.stdout
+    sys.stdout = sys.stderr  # stdout carries the JSON answer only; AITER prints (0.1.7's batched lookup its path)
     for request in job.get("lookups", []):
         driver.set_active(_stand_in_driver(job["arch"]))
         try:
@@ -216,7 +229,7 @@ def main() -> int:
             message = f"{type(error).__name__}: {error}".strip().splitlines()
             results.append({"id": request["id"], "ok": False, "error": " / ".join(message[-3:])[:600]})
         print(f"compiled {len(results)}/{len(job['compiles'])}", file=sys.stderr, flush=True)
-    json.dump({"triton": triton.__version__, "results": results}, sys.stdout)
+    json.dump({"triton": triton.__version__, "results": results}, answer)
     return 0
 
 

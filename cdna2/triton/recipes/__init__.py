@@ -1,6 +1,6 @@
 """How AITER launches each op's Triton kernel from one config: the kernel, and the arguments its wrapper passes.
 
-A recipe turns one config of a config file into the compiles that prove it: one per code path AITER's wrapper and
+A recipe turns one config of a config file (and its dotted key in that file) into the compiles that prove it: one per code path AITER's wrapper and
 heuristics can take with that config (``EVEN_K`` true and false, causal or not, head dims with a positional part,
 dropout, fp32), each as a worker request (``cdna2.triton.worker``). The wrapper's own arithmetic on the config
 (split-K sizes) is repeated here, read from the AITER source; arguments a release's kernel does not take are
@@ -19,6 +19,8 @@ MODULES = (sizes, gemm, attention, moe, conv, unified_attention, rope, norm)
 # the device at run time, named by the op's host_inputs in the rules (the host's, never MI300X's).
 RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
     "gemm_a16w16": gemm.gemm_a16w16, "mha_fwd": attention.mha_fwd,
+    "batched_gemm_a16w16": gemm.batched_gemm_a16w16, "gemm_a16w16_atomic": gemm.gemm_a16w16_atomic,
+    "gemm_a16w16_gated": gemm.gemm_a16w16_gated, "ff_a16w16_fused": gemm.ff_a16w16_fused, "gmm": gemm.gmm,
     "extend_attention": attention.extend_attention, "lean_attention": attention.lean_attention,
     "mla_decode_rope": attention.mla_decode_rope, "hstu_attention_fwd": attention.hstu_attention_fwd,
     "hstu_attention_bwd": attention.hstu_attention_bwd,

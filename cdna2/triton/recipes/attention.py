@@ -38,6 +38,7 @@ def _mha_request(config: dict, *, dtype: str = "bf16", pe: bool = False, dropout
 
 def mha_fwd(config: dict, key: str, shape: tuple[int, int] | None) -> list[Path]:
     """``fwd.<key>`` of the MHA file: which of _get_config's cases it serves decides the paths."""
+    key = key.rsplit(".", 1)[-1]
     pe = key.startswith("pe")
     if key.endswith("dropout_or_fp32"):
         return [("dropout bf16" + (" +pe" if pe else ""), _mha_request(config, pe=pe, dropout=True)),

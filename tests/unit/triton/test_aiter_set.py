@@ -31,10 +31,13 @@ def test_absent_files_are_added_and_a_second_plan_changes_nothing(release, tmp_p
     configs = "aiter/ops/triton/configs"
     moe = [f"{configs}/moe/MI200-{name}.json"
            for name in ("MOE-DEFAULT", "MOE-INT4_W4A16", "MOE-INT8_W8A16", "MOE_ROUTING_SIGMOID_TOPK1")]
+    gemm = [f"{configs}/{name}.json" for name in (
+        "MI200-GMM", "gemm/MI200-BATCHED_GEMM-A16W16", "gemm/MI200-FF-A16W16-fused", "gemm/MI200-GEMM-A16W16-ATOMIC",
+        "gemm/MI200-GEMM-A16W16-gated")]
     assert sorted(change.path for change in added) == sorted([
         f"{configs}/MI200-MHA-DEFAULT.json", GEMM, f"{configs}/MI200-EXTEND_ATTENTION.json",
         f"{configs}/MI200-LEANATTN-DEFAULT.json", f"{configs}/MI200-MLA_DECODE_ROPE-DEFAULT.json",
-        f"{configs}/hstu_attn/MI200-HSTU_ATTN_FWD.json", f"{configs}/hstu_attn/MI200-HSTU_ATTN_BWD.json", *moe])
+        f"{configs}/hstu_attn/MI200-HSTU_ATTN_FWD.json", f"{configs}/hstu_attn/MI200-HSTU_ATTN_BWD.json", *moe, *gemm])
     assert plan.variants[SET] == "0.1.7"
     assert apply_in_place(root, plan, tmp_path / "state")["ok"]
     assert (root / GEMM).read_bytes() == next(change.new_bytes for change in added if change.path == GEMM)

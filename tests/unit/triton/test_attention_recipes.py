@@ -75,7 +75,7 @@ def compiled(request, aiter_017_tree):
         tree, variant, arch = aiter_017_tree, "0.1.7", "MI200"
     else:
         tree = coverage.aiter_triton_tree(request.getfixturevalue("aiter_git_dir"), request.param)
-        variant, arch = "0.1.16-main", "gfx90a"
+        variant, arch = "0.1.17-main", "gfx90a"
     requests = _one_path_per_kernel(variant, arch)
     return proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
 

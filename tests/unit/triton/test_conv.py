@@ -14,7 +14,7 @@ from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.toolchain import triton_python
 from releases import coverage
 
-SHIPPED = PACKAGE_DIR / "data" / "triton-configs" / "0.1.16-main" / proof.CONFIGS / "conv"
+SHIPPED = PACKAGE_DIR / "data" / "triton-configs" / "0.1.17-main" / proof.CONFIGS / "conv"
 LIMIT = 65536
 # config file -> recipe; the Winograd transforms are element-wise (no dot, so no MFMA)
 FILES = {"CONV-1X1": "conv_1x1", "CONV-3X3-NHWC": "conv_3x3_nhwc", "CONV-3X3-CBLOCKED": "conv_3x3_cblocked",

@@ -26,6 +26,8 @@ ATTENTION = {"extend_attention": ("*-EXTEND_ATTENTION.json", "large_head_or_fp32
              "mla_decode_rope": ("*-MLA_DECODE_ROPE-DEFAULT.json", None),
              "hstu_attn_fwd": ("hstu_attn/*-HSTU_ATTN_FWD.json", "batch_512"),
              "hstu_attn_bwd": ("hstu_attn/*-HSTU_ATTN_BWD.json", "large_batch")}
+GEMM_VARIANTS = ("batched_gemm_a16w16", "batched_gemm_a16w16 N=1024 K=4096", "gemm_a16w16_atomic",
+                 "gemm_a16w16_gated", "ff_a16w16_fused", "gmm")
 
 
 def _patched(catalog, tree, scratch):
@@ -52,8 +54,13 @@ def _whole(triton_tree, patched, scratch):
 
 def _shipped(release, name):
     """The shipped gfx90a MoE file ``name`` (after ``moe/<arch>-``) of ``release``, as a dict."""
-    variant, arch = ("0.1.7", "MI200") if release == "0.1.7" else ("0.1.16-main", "gfx90a")
-    return json.loads((DATA / variant / CONFIGS / "moe" / f"{arch}-{name}.json").read_text())
+    arch = "MI200" if release == "0.1.7" else "gfx90a"
+    return json.loads((DATA / shipped_directory(release) / CONFIGS / "moe" / f"{arch}-{name}.json").read_text())
+
+
+def shipped_directory(release: str) -> str:
+    """The directory under cdna2/data/triton-configs/ whose files the set adds on ``release``."""
+    return "0.1.7" if release == "0.1.7" else "0.1.16" if release.startswith("v0.1.16") else "0.1.17-main"
 
 
 def _releases(git_dir):
@@ -67,7 +74,7 @@ def catalog():
 
 def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir, tmp_path):
     files = catalog.target_files("amd-aiter")
-    checked = []
+    checked, specialised_found = [], []
     for release in _releases(aiter_git_dir):
         scratch = tmp_path / release
         if release == "0.1.7":
@@ -82,7 +89,7 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
         assert found["gemm_a16w16"]["config"]["BLOCK_SIZE_N"] == 128, (release, found)
         assert found["mha"]["config"]["BLOCK_M"] == 128, (release, found)
         # the attention lookups return the committed gfx90a configs (extend: a 576-wide head; HSTU: 512 sequences)
-        derived = DATA / ("0.1.7" if release == "0.1.7" else "0.1.16-main") / CONFIGS
+        derived = DATA / shipped_directory(release) / CONFIGS
         for op, (name, section) in ATTENTION.items():
             expected = json.loads(next(derived.glob(name)).read_text())
             assert found[op]["ok"], (release, op, found[op])
@@ -93,8 +100,17 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             assert found[f"moe {lookup}"]["config"] == expected, (release, dtype, found)
         routing = _shipped(release, "MOE_ROUTING_SIGMOID_TOPK1")["N128"]["large"]
         assert found["moe_routing_sigmoid_top1"]["config"] == routing, (release, found)
+        for op in GEMM_VARIANTS:
+            assert found[op]["ok"], (release, op, found[op])
+        assert found["gmm"]["config"]["GRID_DIM"] == 104, (release, found["gmm"])  # an MI210's CUs, not MI300X's 304
+        specialised = root / "aiter/ops/triton/configs/gemm/gfx90a-BATCHED_GEMM-A16W16-N=1024-K=4096.json"
+        if specialised.exists():  # from v0.1.19: N=1024, K=4096 reads it (M = 64: its M_LEQ_64 bucket)
+            expected = json.loads(specialised.read_text())["M_LEQ_64"]
+            assert found["batched_gemm_a16w16 N=1024 K=4096"]["config"]["BLOCK_SIZE_N"] == expected["BLOCK_SIZE_N"]
+            specialised_found.append(release)
         checked.append(release)
     assert len(checked) == 16, checked
+    assert specialised_found == ["v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
 
 
 @pytest.mark.parametrize("release", ["0.1.7", "v0.1.19.post2", "v0.1.20.post1"])

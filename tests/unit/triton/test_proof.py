@@ -35,7 +35,7 @@ def test_classification_of_the_017_tree(aiter_017_tree):
     assert by_file["MI300X-MHA-DEFAULT.json"].target == "MI200-MHA-DEFAULT.json"
     assert by_file["moe/MI300X-MOE-FP8_W8A8.json"].status == "refused"
     assert "FP8" in by_file["gemm/MI300X-GEMM-A8W8_BLOCKSCALE.json"].reason
-    assert by_file["MI300X-GMM.json"].status == "unproven"
+    assert by_file["MI300X-GMM.json"].target == "MI200-GMM.json"  # flat, outside gemm/
     assert not any(name.startswith("MI350X") for name in by_file)
 
 
@@ -49,9 +49,10 @@ def test_host_values_replace_mi300x_ones():
 @pytest.mark.slow
 def test_whole_017_tree_every_derived_config_compiles_within_lds(proof_017):
     derived = [entry for entry in proof_017["entries"] if entry["status"] in ("derived", "stepped-down")]
-    assert {entry["op"] for entry in derived} == {"gemm_a16w16", "mha", "extend_attention", "lean_attention",
-                                                  "mla_decode_rope", "hstu_attn_fwd", "hstu_attn_bwd", "moe",
-                                                  "moe_int8_w8a16", "moe_int4_w4a16", "moe_routing_sigmoid_top1"}
+    assert {entry["op"] for entry in derived} == {
+        "gemm_a16w16", "mha", "extend_attention", "lean_attention", "mla_decode_rope", "hstu_attn_fwd", "hstu_attn_bwd",
+        "moe", "moe_int8_w8a16", "moe_int4_w4a16", "moe_routing_sigmoid_top1", "batched_gemm_a16w16",
+        "gemm_a16w16_atomic", "gemm_a16w16_gated", "ff_a16w16_fused", "gmm"}
     assert not [entry for entry in proof_017["entries"] if entry["status"] == "failed"]
     for entry in derived:
         for config in entry["configs"]:
@@ -86,8 +87,8 @@ def test_shipped_configs_compile_on_other_releases(aiter_git_dir, ref):
     """The configs the set adds from 0.1.16 on, compiled with that release's kernels: the stepped-down GEMM bucket
     and the MHA configs, on one path each (the whole-tree proof of these releases is `triton-configs`)."""
     tree = coverage.aiter_triton_tree(aiter_git_dir, ref)
-    gemm = json.loads((DATA / "0.1.16-main" / proof.CONFIGS / "gemm/gfx90a-GEMM-A16W16.json").read_text())
-    mha = json.loads((DATA / "0.1.16-main" / proof.CONFIGS / "gfx90a-MHA-DEFAULT.json").read_text())
+    gemm = json.loads((DATA / "0.1.17-main" / proof.CONFIGS / "gemm/gfx90a-GEMM-A16W16.json").read_text())
+    mha = json.loads((DATA / "0.1.17-main" / proof.CONFIGS / "gfx90a-MHA-DEFAULT.json").read_text())
     requests = [{**recipes.gemm.gemm_a16w16(gemm["any"], "any", None)[0][1], "id": "gemm any"}]
     requests += [{**recipes.attention.mha_fwd(config, key, None)[0][1], "id": f"mha {key}"} for key, config in mha["fwd"].items()]
     results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
@@ -101,4 +102,7 @@ def test_a_lookup_file_is_named_by_the_release_layout(tmp_path):
     (tmp_path / "gemm").mkdir()
     (tmp_path / "gemm" / "gfx942-GEMM-A16W16.json").write_text("{}")
     assert proof.arch_names(tmp_path, proof.load_rules()) == ("gfx942", "gfx90a")
-    assert proof.classify(tmp_path, proof.load_rules())[0].target == "gemm/gfx90a-GEMM-A16W16.json"
+    (tmp_path / "gfx942-NO_RECIPE.json").write_text("{}")
+    first, unknown = proof.classify(tmp_path, proof.load_rules())
+    assert first.target == "gemm/gfx90a-GEMM-A16W16.json"
+    assert (unknown.status, unknown.target) == ("unproven", None)  # no config is written for an op without a recipe
