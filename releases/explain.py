@@ -6,8 +6,8 @@ vLLM patch sets applied) or a vLLM release (patched with the required sets and a
 on a pretend GPU of that arch, and asks vLLM's own selector which attention backend each kind of layer gets. This
 module turns the runner's answers into the kernels that backend reaches for the model's shape (head size, dtype,
 GQA, quantization), each with the gates that decided it (``interpret``, pure). Read from AITER's and vLLM's source,
-not run (no GPU here): the prefill and decode paths inside ROCM_AITER_FA and their shape conditions (field-notes
-7.2), which are stated as conditions, never as runs.
+not run (no GPU here): the prefill and decode paths inside ROCM_AITER_FA and their shape conditions (read from
+AITER's attention dispatch), which are stated as conditions, never as runs.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKern
 TRITON_GEMM_GATE = "rocm_aiter_ops.is_triton_gemm_enabled()"
 TRITON_ROPE_GATE = "rocm_aiter_ops.is_triton_rotary_embed_enabled()"
 AITER_UNIFIED = "ROCM_AITER_UNIFIED_ATTN"
-MI210_CUS = 104  # pa_fwd_asm runs only when num_seqs * num_heads > 2 * CUs (field-notes 7.2)
+MI210_CUS = 104  # pa_fwd_asm runs only when num_seqs * num_heads > 2 * CUs (AITER's paged-attention dispatch)
 
 
 class ExplainError(ValueError):

@@ -17,7 +17,7 @@ vLLM's ROCm kernel lists names is shown but not judged: no ROCm model reaches it
 Backend selection, for the model configs in releases/vllm_gates/models/ (vLLM's own selector, each kind of layer of each
 model, in the prefer order, the stock order and with --attention-backend ROCM_AITER_FA): patched gfx90a picks
 ROCM_AITER_FA for a model with full attention only, and never for any layer of a model with a sliding-window layer
-(field-notes 7.1: it corrupts them silently), logging the guard's reason, with which an explicit ROCM_AITER_FA is
+(it corrupts them silently on gfx90a), logging the guard's reason, with which an explicit ROCM_AITER_FA is
 refused; stock gfx90a never picks it; where vllm-aiter-triton-ops was applied, an explicit ROCM_AITER_UNIFIED_ATTN
 serves the full-attention model and is refused by its own sliding-window guard for the others, and no order picks it
 for a sliding-window model; on gfx942 the stock order and both explicit choices are the same before and after.
@@ -71,12 +71,12 @@ ATTENTION_GATES = ("rocm_aiter_ops.is_mha_enabled()", "rocm_aiter_ops.is_shuffle
 INT8_GATES = ("rocm_aiter_ops.is_linear_enabled()", "AiterInt8ScaledMMLinearKernel.is_supported()",
               "rocm_aiter_w8a8_gemm op registered")
 # vllm-fast-fp8-dequant's own gate: block-FP8 GEMMs already run on gfx90a in Triton, decoding FP8 in software; the
-# set routes them to a faster decode (field-notes 4.5). No FP8 hardware path is opened.
+# set routes them to a faster decode. No FP8 hardware path is opened.
 FP8_SOFTWARE_GATES = ("_gfx90a_fast_fp8_eligible() (e4m3fn, fp32 scales, 128x128 blocks)",)
 # vllm-aiter-triton-ops's: AITER Triton ops whose kernels were proven by compiling them for gfx90a (cdna2.triton).
 TRITON_GATES = ("rocm_aiter_ops.is_triton_gemm_enabled()", "rocm_aiter_ops.is_triton_rotary_embed_enabled()",
                 f"_get_backend_priorities() has {AITER_UNIFIED}")
-# The master gate admits every AITER op, AITER's FP8 GEMMs among them (field-notes 7.4).
+# The master gate admits every AITER op, AITER's FP8 GEMMs among them, which gfx90a cannot run.
 FP8_FP4_PATTERN = re.compile(r"fp8|fp4|is_aiter_found_and_supported", re.IGNORECASE)
 
 Progress = Callable[[str], None]

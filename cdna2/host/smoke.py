@@ -46,7 +46,7 @@ from cdna2.host.gpu_run import GpuLimits, GpuRun, gpu_child, load_lines, proven_
 from cdna2.host.smoke_static import (FAILED, GPU, PASSED, SKIPPED, WRONG, named, read_host, result, searched_first,
                                      static_checks)
 
-DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITER's import path (field-notes §2.2)
+DEFAULT_TRITON = "3.7.1"  # the pin AITER needs: 3.7.0 dies with SIGSEGV on AITER's import path
 
 
 @dataclass(frozen=True)

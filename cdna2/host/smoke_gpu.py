@@ -54,7 +54,7 @@ RTOL = 2 * BF16_UNIT_ROUNDOFF
 ATOL = BF16_UNIT_ROUNDOFF
 # Every row (one query position of one head, head_dim elements): rms(got - ref) / rms(ref) <= 4U (1.6e-2). Output
 # rounding alone gives about U/sqrt(3) = 2.3e-3, the weights' rounding adds as much where a row's terms cancel; the
-# MI210 measurements (field-notes §6.1: rel_rms 4.8e-5..7.8e-4 of max|ref|) are 2e-3..5e-3 of rms(ref).
+# MI210 measurements (the reference project's: rel_rms 4.8e-5..7.8e-4 of max|ref|) are 2e-3..5e-3 of rms(ref).
 ROW_REL_RMS_LIMIT = 4 * BF16_UNIT_ROUNDOFF
 SEED = 0
 DEVICE = "cuda"  # ROCm torch names HIP devices "cuda"
@@ -338,7 +338,7 @@ def varlen(lengths: list[int], window: int | None) -> Callable[[], dict]:
     """Causal varlen prefill through ``aiter.flash_attn_varlen_func``, the entry vLLM's ROCM_AITER_FA prefill uses.
 
     Without a window it is AITER's group-mode ASM kernel (``fmha_v3_fwd/..._group.co``), with lengths that leave
-    partial tiles. With a window it guards field-notes §7.1: ROCM_AITER_FA produced garbage on sliding-window
+    partial tiles. With a window it guards against what ROCM_AITER_FA did on an MI210: garbage on sliding-window
     layers with no error; one sequence shorter and one much longer than the window, so an ignored window shows.
     """
     def run() -> dict:
