@@ -13,7 +13,7 @@ from cdna2.triton import proof, recipes
 from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.hosts import REGENERATE
 from cdna2.triton.toolchain import triton_python
-from releases import triton_proofs
+from releases import coverage, triton_proofs
 
 FIELDS = ("ok", "lds_bytes", "vgpr_spills", "sgpr_spills", "scratch_bytes", "vgprs", "mfma")
 
@@ -46,26 +46,62 @@ def test_the_017_tree_is_the_committed_one_and_its_proof_is_read_not_compiled(ai
     assert proof.prove(aiter_017_tree, DEFAULT_TRITON)["source"] == f"committed ({release}.json)"
 
 
-@pytest.mark.slow
-def test_a_sample_recompile_reproduces_the_committed_017_entries(aiter_017_tree):
-    """One config per derived op (the one stepped down furthest), every path its recipe compiles, for gfx90a: one
-    worker call; each result is the committed one."""
-    found = committed()[triton_proofs.TREES[0][0]]
-    rules = {op["name"]: op for op in proof.load_rules()["ops"]}
+# (committed proof, the tree it is of): the 0.1.7 wheel's and v0.1.20.post1's, whose kernels were rewritten
+SAMPLED = (("0.1.7.post2.dev18", None), ("0.1.20.post1", "v0.1.20.post1"))
+
+
+def sample_requests(found: dict) -> tuple[list[dict], dict[str, dict]]:
+    """One config per proven op of ``found`` (the one stepped down furthest; an in-code op's first call) on the first
+    path its recipe compiles, called as the proof calls it: the key below the op's sections, the host's inputs (every
+    path of every config is the whole proof's, read by the test below)."""
+    rules = proof.load_rules()
+    ops = {op["name"]: op for op in rules["ops"] + rules["in_code"]}
+    profile = rules["hosts"][found["host"]]
     requests, expected = [], {}
     for entry in found["entries"]:
-        if entry["status"] not in ("derived", "stepped-down") or entry["op"] in {e.split("|")[0] for e in expected}:
+        if entry["status"] not in ("derived", "stepped-down", "in-code"):
             continue
+        op = ops[entry["op"]]
         config = max(entry["configs"], key=lambda config: len(config["stepped_down"]))
-        recipe = recipes.RECIPES[rules[entry["op"]]["recipe"]]
-        for path, request in recipe(config["config"], config["key"].rsplit(".", 1)[-1], proof._shape(entry["file"])):
-            identifier = f"{entry['op']}|{config['key']}|{path}"
-            requests.append({**request, "id": identifier, "arch": "gfx90a"})
-            expected[identifier] = config["paths"][path]
+        key = config["key"].split(".", 1)[1] if op.get("sections") else config["key"]
+        inputs = {name: profile[value] for name, value in op.get("host_inputs", {}).items()}
+        path, request = recipes.RECIPES[op["recipe"]](config["config"], key, proof._shape(entry["file"]), **inputs)[0]
+        identifier = f"{entry['op']}|{config['key']}|{path}"
+        requests.append({**request, "id": identifier, "arch": "gfx90a"})
+        expected[identifier] = config["paths"][path]
+    return requests, expected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release, ref", SAMPLED)
+def test_a_sample_recompile_reproduces_the_committed_entries(release, ref, aiter_017_tree, request):
+    """One worker call per tree: each result is the committed one, field for field."""
+    found = committed()[release]
+    tree = aiter_017_tree if ref is None else coverage.aiter_triton_tree(request.getfixturevalue("aiter_git_dir"), ref)
+    assert proof.tree_digest(tree) == found["tree_digest"]
+    requests, expected = sample_requests(found)
     assert {identifier.split("|")[0] for identifier in expected} == {
-        entry["op"] for entry in found["entries"] if entry["status"] in ("derived", "stepped-down")}
-    results = proof._run_worker(triton_python(DEFAULT_TRITON), aiter_017_tree, requests, "gfx90a", lambda line: None)
+        entry["op"] for entry in found["entries"] if entry["status"] in ("derived", "stepped-down", "in-code")}
+    results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
     assert set(results) == set(expected)
     for identifier, result in results.items():
         assert {key: result.get(key) for key in FIELDS} == {key: expected[identifier].get(key) for key in FIELDS}, \
             (identifier, f"regenerate with `{REGENERATE}`")
+
+
+@pytest.mark.parametrize("release", [release for release, _, _ in triton_proofs.TREES])
+def test_every_proven_path_of_every_committed_proof_fits_gfx90a(release):
+    """Read, not compiled: every path of every config the proof accepted compiled for gfx90a within its LDS, and a
+    derived config spills only where gfx942's kernel of that path spills too; nothing failed."""
+    found = committed()[release]
+    limit = proof.load_rules()["lds_limit_bytes"]
+    proven = [entry for entry in found["entries"] if entry["status"] in ("derived", "stepped-down", "in-code")]
+    assert proven and not [entry["file"] for entry in found["entries"] if entry["status"] == "failed"]
+    for entry in proven:
+        for config in entry["configs"]:
+            assert config["paths"], (entry["file"], config["key"])
+            for path, result in config["paths"].items():
+                where = (release, entry["file"], config["key"], path)
+                assert result["ok"] and result["lds_bytes"] <= limit, where
+                if entry["status"] != "in-code" and not config["gfx942"][path]["vgpr_spills"]:
+                    assert not result["vgpr_spills"], where

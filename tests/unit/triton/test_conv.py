@@ -1,20 +1,14 @@
 """AITER's conv2d kernels (v0.1.20 on) on gfx90a: the seven config files classified on the real v0.1.20.post1 tree,
-and the configs the set ships compiled for gfx90a with that release's kernels once (one worker call, one path each;
-the whole-tree proof compiles every path)."""
+and what the committed v0.1.20.post1 proof found compiling every path of their configs for gfx90a."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from cdna2.patches.catalog import PACKAGE_DIR
-from cdna2.triton import proof, recipes
-from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.toolchain import triton_python
+from cdna2.triton import proof
 from releases import coverage
+from tests.unit.triton.conftest import committed_entries
 
-SHIPPED = PACKAGE_DIR / "data" / "triton-configs" / "0.1.17-main" / proof.CONFIGS / "conv"
 LIMIT = 65536
 # config file -> recipe; the Winograd transforms are element-wise (no dot, so no MFMA)
 FILES = {"CONV-1X1": "conv_1x1", "CONV-3X3-NHWC": "conv_3x3_nhwc", "CONV-3X3-CBLOCKED": "conv_3x3_cblocked",
@@ -37,21 +31,12 @@ def test_every_conv_file_has_its_recipe(tree):
         assert next(op for op in proof.load_rules()["ops"] if op["name"] == entry.op)["recipe"] == recipe
 
 
-@pytest.fixture(scope="module")
-def shipped_compiled(tree):
-    requests = []
-    for name, recipe in FILES.items():
-        config = json.loads((SHIPPED / f"gfx90a-{name}.json").read_text())["any"]
-        path, request = recipes.RECIPES[recipe](config, "any", None)[0]
-        requests.append({**request, "id": f"{name} {path}"})
-    return proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
-
-
-@pytest.mark.slow
-def test_shipped_conv_configs_compile_for_gfx90a_within_lds_without_spills(shipped_compiled):
-    assert len(shipped_compiled) == len(FILES)
-    for identifier, result in shipped_compiled.items():
-        assert result["ok"], (identifier, result)
-        assert result["lds_bytes"] <= LIMIT and result["vgpr_spills"] == 0, (identifier, result)
-        dots = identifier.split()[0] not in NO_DOT
-        assert bool(result["mfma"]) == dots, (identifier, result["mfma"])
+def test_every_conv_path_the_v0_1_20_post1_proof_compiled_fits_and_dots_where_the_kernel_does():
+    entries = committed_entries("0.1.20.post1", set(FILES.values()))
+    assert len(entries) == len(FILES)
+    for name, op in FILES.items():
+        for config in entries[op]["configs"]:
+            for path, result in config["paths"].items():
+                where = (name, config["key"], path)
+                assert result["ok"] and result["lds_bytes"] <= LIMIT and result["vgpr_spills"] == 0, where
+                assert bool(result["mfma"]) == (name not in NO_DOT), where

@@ -1,36 +1,24 @@
 """AITER's GEMM variants on gfx90a (batched, atomic, gated, fused feed-forward, GMM): their files classified, their
-launch recipes' arithmetic, and the gfx90a configs the set installs compiled with the real kernels: per tree one
-worker call for the module, on the paths that cover every flag (the whole-tree proof compiles each path)."""
+launch recipes' arithmetic, and what the committed proofs of 0.1.7 and v0.1.20.post1 found compiling every path of
+their configs with the real kernels."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from cdna2.patches.catalog import PACKAGE_DIR
-from cdna2.triton import proof, recipes
-from cdna2.triton.cli import DEFAULT_TRITON
+from cdna2.triton import proof
 from cdna2.triton.recipes import gemm
-from cdna2.triton.toolchain import triton_python
-from releases import coverage
+from tests.unit.triton.conftest import committed_entries
 
-DATA = PACKAGE_DIR / "data" / "triton-configs"
 LIMIT = 65536
 OPS = {"BATCHED_GEMM-A16W16": "batched_gemm_a16w16", "GEMM-A16W16-ATOMIC": "gemm_a16w16_atomic",
        "GEMM-A16W16-gated": "gemm_a16w16_gated", "FF-A16W16-fused": "ff_a16w16_fused", "GMM": "gmm"}
-# Paths the test compiles: each flag of each op at least once (every path: `triton-configs`)
+# Paths each config of the op must have been compiled on: each flag at least once
 COVERING = {"batched_gemm_a16w16": ("EVEN_K", "K % BLOCK_SIZE_K != 0 +bias"),
             "gemm_a16w16_atomic": ("EVEN_K", "K % BLOCK_SIZE_K != 0"),
             "gemm_a16w16_gated": ("EVEN_K", "K % BLOCK_SIZE_K != 0 +gelu_tanh"),
             "ff_a16w16_fused": ("gated K % BLOCK_SIZE_K != 0 +silu", "ungated EVEN_K"),
             "gmm": ("base", "all")}
-
-
-def _file(release_dir: str, name: str) -> dict:
-    arch = "MI200" if release_dir == "0.1.7" else "gfx90a"
-    folder = "" if name == "GMM" else "gemm/"
-    return json.loads((DATA / release_dir / proof.CONFIGS / f"{folder}{arch}-{name}.json").read_text())
 
 
 def test_the_017_files_of_the_gemm_variants_are_proven(aiter_017_tree):
@@ -74,45 +62,17 @@ def test_recipes_repeat_the_wrappers_arithmetic():
     assert gated[1][1]["values"]["activation"]["args"] == ["silu"] and gated[0][1]["values"]["activation"] == ""
 
 
-def _requests(files: list[tuple[str, str]], paths: tuple[str, ...] | None = None) -> list[dict]:
-    """Compiles of the committed configs ``files`` ((release dir, name)) for gfx90a and gfx942: one config of a GEMM
-    file, each of GMM's (gmm, ptgmm, nptgmm; default, accumulate), on the covering paths (or ``paths``)."""
-    requests = []
-    for release_dir, name in files:
-        op = OPS[name]
-        for key, config in proof._leaves(_file(release_dir, name)):
-            for path, request in recipes.RECIPES[op](config, key, None):
-                if path in (paths or COVERING[op]):
-                    for arch in ("gfx90a", "gfx942"):
-                        requests.append({**request, "id": f"{name}|{key}|{path}|{arch}", "arch": arch})
-            if name != "GMM":
-                break
-    return requests
-
-
-@pytest.fixture(scope="module")
-def compiled(aiter_017_tree, aiter_git_dir):
-    """The committed gfx90a configs compiled: all five ops on 0.1.7; on v0.1.20.post1 the two whose kernels
-    changed (batched takes split-K, GMM bias, work stealing and accumulate)."""
-    python = triton_python(DEFAULT_TRITON)
-    first = _requests([("0.1.7", name) for name in OPS])
-    results = proof._run_worker(python, aiter_017_tree, first, "gfx90a", lambda line: None)
-    tree = coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
-    every_flag = _requests([("0.1.17-main", "BATCHED_GEMM-A16W16"), ("0.1.17-main", "GMM")],
-                           ("K % BLOCK_SIZE_K != 0 +bias", "all"))
-    later = proof._run_worker(python, tree, every_flag, "gfx90a", lambda line: None)
-    return {**results, **{f"v0.1.20.post1 {key}": value for key, value in later.items()}}
-
-
-@pytest.mark.slow
-def test_the_committed_configs_compile_for_gfx90a_within_lds(compiled):
-    gfx90a = {key.removesuffix("|gfx90a"): result for key, result in compiled.items() if key.endswith("|gfx90a")}
-    # 0.1.7: 2 paths each of batched, atomic, gated, FF and GMM's 3 kernels; v0.1.20.post1: every flag on, of batched
-    # and GMM's 5 configs
-    assert len(gfx90a) == 2 * 7 + 6, sorted(gfx90a)
-    for key, result in gfx90a.items():
-        assert result["ok"] and result["lds_bytes"] <= LIMIT, (key, result)
-        assert result["mfma"], key  # every one of these kernels dots
-        baseline = compiled[f"{key}|gfx942"]
-        if baseline["ok"] and not baseline["vgpr_spills"]:
-            assert not result["vgpr_spills"], (key, result["vgpr_spills"])
+@pytest.mark.parametrize("release", ["0.1.7.post2.dev18", "0.1.20.post1"])
+def test_every_gemm_variant_path_the_committed_proofs_compiled_dots_within_lds(release):
+    """Every path of every config, with the releases' own kernels (v0.1.20.post1's batched takes split-K, its GMM
+    bias, work stealing and accumulate): MFMA, LDS within gfx90a's, spills only where gfx942's kernel spills."""
+    entries = committed_entries(release, set(OPS.values()))
+    assert set(entries) == set(OPS.values())
+    for op, entry in entries.items():
+        for config in entry["configs"]:
+            assert set(COVERING[op]) <= set(config["paths"]) or op == "gmm", (op, config["key"], list(config["paths"]))
+            for path, result in config["paths"].items():
+                where = (release, op, config["key"], path)
+                assert result["ok"] and result["lds_bytes"] <= LIMIT and result["mfma"], where
+                if not config["gfx942"][path]["vgpr_spills"]:
+                    assert not result["vgpr_spills"], where

@@ -1,17 +1,15 @@
 """The ops vLLM calls whose config AITER's wrapper picks in code (unified attention, rope, fused add-rmsnorm-pad): the
-wrapper's arithmetic
-repeated per case, which trees hold them, and one compile per kernel for gfx90a on 0.1.7 and v0.1.20.post1 (one worker
-call per tree; the whole set of cases is `triton-configs`' proof)."""
+wrapper's arithmetic repeated per case, which trees hold them, and what the committed proofs of 0.1.7 and
+v0.1.20.post1 found compiling every call for gfx90a."""
 
 from __future__ import annotations
 
 import pytest
 
 from cdna2.triton import proof, recipes
-from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.recipes import norm, rope, unified_attention
-from cdna2.triton.toolchain import triton_python
 from releases import coverage
+from tests.unit.triton.conftest import committed_entries
 
 LIMIT = 65536
 MI210_CUS = 104
@@ -69,36 +67,17 @@ def test_in_code_ops_by_release(aiter_017_tree, aiter_git_dir):
     assert all(entry.status == "in-code" and entry.target is None and entry.configs for entry in on_020.values())
 
 
-def _one_case_per_kernel(names: list[str]) -> list[dict]:
-    """One case per kernel path: every kernel these ops launch (2d, 3d and its reduction, rope's three, the norm)."""
-    chosen = {"unified_attention": ["2d sliding-window prefill hd128 bs16", "3d decode hd128 bs16"],
-              "fused_add_rmsnorm_pad": ["hidden 2880 pad to 256"],
-              "rope_cached_2c_inplace": ["gqa neox decode hd128", "gqa gptj prefill hd128", "mha neox prefill hd128"]}
-    requests = []
-    for name in names:
-        cases = recipes.IN_CODE[name](MI210_CUS)
-        for key in chosen[name]:
-            requests += [{**request, "id": f"{key}: {path}"}
-                         for path, request in recipes.RECIPES[name](cases[key], key, None)]
-    return requests
-
-
-@pytest.fixture(scope="module")
-def compiled(aiter_017_tree, aiter_git_dir):
-    python = triton_python(DEFAULT_TRITON)
-    tree = coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
-    return {"0.1.7": proof._run_worker(python, aiter_017_tree, _one_case_per_kernel(
-                ["unified_attention", "fused_add_rmsnorm_pad"]), "gfx90a", lambda line: None),
-            "v0.1.20.post1": proof._run_worker(python, tree, _one_case_per_kernel(
-                ["unified_attention", "rope_cached_2c_inplace", "fused_add_rmsnorm_pad"]), "gfx90a",
-                lambda line: None)}
-
-
-@pytest.mark.slow
-def test_each_kernel_compiles_for_gfx90a_within_lds_without_spills(compiled):
-    assert [len(results) for results in compiled.values()] == [4, 7]
-    for release, results in compiled.items():
-        for name, result in results.items():
-            assert result["ok"] and result["lds_bytes"] <= LIMIT and not result["vgpr_spills"], (release, name, result)
-            dots = name.endswith(": 2d") or name.endswith(": 3d")  # attention dots; the reduction, rope, norm do not
-            assert bool(result["mfma"]) == dots, (release, name, result["mfma"])
+@pytest.mark.parametrize("release, ops", [
+    ("0.1.7.post2.dev18", {"unified_attention", "fused_add_rmsnorm_pad"}),
+    ("0.1.20.post1", {"unified_attention", "rope", "fused_add_rmsnorm_pad"})])
+def test_every_call_the_committed_proofs_compiled_fits_gfx90a_and_a_new_spill_is_named(release, ops):
+    entries = committed_entries(release, {"unified_attention", "rope", "fused_add_rmsnorm_pad"})
+    assert set(entries) == ops and all(entry["status"] == "in-code" for entry in entries.values())
+    for op, entry in entries.items():
+        for config in entry["configs"]:
+            for path, result in config["paths"].items():
+                where = (release, op, config["key"], path)
+                assert result["ok"] and result["lds_bytes"] <= LIMIT, where
+                assert bool(result["mfma"]) == (path in ("2d", "3d")), where  # attention dots; the rest do not
+            new_spill = config["spills"] and not config["gfx942_spills"]
+            assert (f"{config['key']}: " in entry["reason"]) == bool(new_spill), (release, op, config["key"])

@@ -1,25 +1,13 @@
 """AITER's fused MoE and top-1 routing on gfx90a: the files the rules prove or refuse on the real 0.1.7 tree, the
-kernels each recipe names, and the configs the set ships compiled for gfx90a once (one worker call, every path)."""
+kernels each recipe names, and what the committed 0.1.7 proof found compiling every path for gfx90a."""
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
-from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.triton import proof
-from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.recipes import moe
-from cdna2.triton.toolchain import triton_python
+from tests.unit.triton.conftest import committed_entries
 
-SHIPPED = PACKAGE_DIR / "data" / "triton-configs" / "0.1.7" / proof.CONFIGS / "moe"
 LIMIT = 65536
-# the shipped file, the recipe, and the bucket compiled: the largest tiles of each file
-COMPILED = (("MI200-MOE-DEFAULT.json", moe.moe_bf16, "large_M"),
-            ("MI200-MOE-INT8_W8A16.json", moe.moe_int8_w8a16, "large_M"),
-            ("MI200-MOE-INT4_W4A16.json", moe.moe_int4_w4a16, "large_M"),
-            ("MI200-MOE_ROUTING_SIGMOID_TOPK1.json", moe.moe_routing_sigmoid_top1, "N128.xlarge"))
 
 
 def test_moe_files_of_the_017_tree_are_proven_or_refused_by_name(aiter_017_tree):
@@ -53,25 +41,13 @@ def test_each_moe_recipe_names_every_kernel_its_wrapper_launches():
     assert {request["values"]["FUSED_SHARED_EXPERTS"] for request in routing.values()} == {True, False}
 
 
-@pytest.fixture(scope="module")
-def shipped_compiled(aiter_017_tree):
-    """The shipped gfx90a configs, every path of one bucket per file, compiled for gfx90a: one worker call."""
-    requests = []
-    for name, recipe, key in COMPILED:
-        document = json.loads((SHIPPED / name).read_text())
-        config = document
-        for part in key.split("."):
-            config = config[part]
-        requests += [{**request, "id": f"{name} {key} {path}"} for path, request in recipe(config, key, None)]
-    return proof._run_worker(triton_python(DEFAULT_TRITON), aiter_017_tree, requests, "gfx90a", lambda line: None)
-
-
-@pytest.mark.slow
-def test_shipped_moe_configs_compile_for_gfx90a_within_lds_without_spills(shipped_compiled):
-    assert len(shipped_compiled) == 14  # 5 bf16, 4 int8, 3 int4, 2 routing paths
-    for identifier, result in shipped_compiled.items():
-        assert result["ok"], (identifier, result)
-        assert result["lds_bytes"] <= LIMIT, (identifier, result["lds_bytes"])
-        assert any(name.endswith("bf16_1k") for name in result["mfma"]), (identifier, result["mfma"])
-        # the whole-tree proof stepped each config down until gfx90a spills no more than gfx942 (which spills none)
-        assert result["vgpr_spills"] == 0, (identifier, result["vgpr_spills"])
+def test_every_moe_path_the_017_proof_compiled_is_a_bf16_mfma_kernel_within_lds_without_spills():
+    entries = committed_entries("0.1.7.post2.dev18", {"moe", "moe_int8_w8a16", "moe_int4_w4a16",
+                                                      "moe_routing_sigmoid_top1"})
+    assert len(entries) == 4 and all(entry["status"] in ("derived", "stepped-down") for entry in entries.values())
+    for op, entry in entries.items():
+        for config in entry["configs"]:
+            for path, result in config["paths"].items():
+                where = (op, config["key"], path)
+                assert result["ok"] and result["lds_bytes"] <= LIMIT and result["vgpr_spills"] == 0, where
+                assert any(name.endswith("bf16_1k") for name in result["mfma"]), where
