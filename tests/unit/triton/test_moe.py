@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cdna2.triton import proof
 from cdna2.triton.recipes import moe
+from cdna2.triton.recipes.sizes import GEMM_K_UNEVEN
 from tests.unit.triton.conftest import committed_entries
 
 LIMIT = 65536
@@ -28,7 +29,7 @@ def test_each_moe_recipe_names_every_kernel_its_wrapper_launches():
         "_fused_moe_kernel", "_fused_moe_persistent_kernel", "_fused_moe_silu_kernel"}
     assert {request["modules"][0].rsplit(".", 1)[1] for request in bf16.values()} == {
         "moe_op", "moe_op_silu_fused", "moe_op_gelu"}
-    assert sorted(request["values"]["K"] % 64 for request in bf16.values()) == [0, 0, 0, 0, 32]  # EVEN_K and not
+    assert sorted(request["values"]["K"] % 64 for request in bf16.values()) == [0, 0, 0, 0, GEMM_K_UNEVEN % 64]  # EVEN_K, not
     int4 = dict(moe.moe_int4_w4a16(config, "large_M", None))
     assert all(request["tensors"]["b_ptr"] == "uint8" and request["values"]["use_int4_w4a16"]
                for request in int4.values())
