@@ -139,7 +139,8 @@ def inside_command(launch: Launch, module: str, arguments: list[str]) -> str:
     return (f"cd {shlex.quote(str(image.parent))} || exit 1; "
             f"{checks}; "
             f'if [ -n "$bad" ]; then echo "{HASH_MARK}"; echo "$bad"; exit 0; fi; '
-            f'jit="{jit}"; mkdir -p "$jit" && ' + run.replace(JIT_WORD, '"$jit"') + " || true")
+            # The runtime's own stderr too: when it prints no report, its words are what names the fault.
+            f'jit="{jit}"; mkdir -p "$jit" && ' + run.replace(JIT_WORD, '"$jit"') + " 2>&1 || true")
 
 
 def read_report(host: str, launch: Launch, lines: list[str], what: str) -> dict:
@@ -154,8 +155,12 @@ def read_report(host: str, launch: Launch, lines: list[str], what: str) -> dict:
         raise RuntimeCheckError(f"{host}: {', '.join(differ)}: SHA-256 differs from {LayerFiles(image).record} "
                                 "(edited, or copied incompletely): not run; copy the files again, or roll the layer "
                                 "back and deploy again")
-    try:
-        return json.loads(lines[-1])
-    except (ValueError, IndexError):
-        raise RuntimeCheckError(f"{host}: {launch.runtime} exec {launch.image} printed no {what} report; its output "
-                                f"ends: {' | '.join(lines[-5:]) or 'nothing'}") from None
+    # The report is the last JSON object printed: the runtime's or Python's own words may follow it (stderr).
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise RuntimeCheckError(f"{host}: {launch.runtime} exec {launch.image} printed no {what} report; its output "
+                            f"ends: {' | '.join(lines[-5:]) or 'nothing'}")

@@ -25,6 +25,7 @@ if [ "$1" = --version ]; then echo "$(basename "$0") version 9.9-fake"; exit 0; 
 printf '%s\\n' "$@" > "$RUNTIME_ARGS"
 echo 'runtime chatter'
 echo '{json.dumps(REPORT)}'
+echo 'a warning after the report' >&2
 """
 
 
@@ -149,7 +150,7 @@ def test_what_cannot_run_inside_the_runtime_fails_by_name(node, change, message)
 def test_a_runtime_that_prints_no_report_fails_with_its_own_words(node):
     runtime = with_runtime(node, "apptainer")
     runtime.write_text('#!/bin/sh\n[ "$1" = --version ] && echo apptainer 1 && exit 0\n'
-                       'echo "FATAL: container creation failed"\nexit 255\n')
+                       'echo "FATAL: container creation failed" >&2\nexit 255\n')  # its words on stderr
     found = launch(node)
     with pytest.raises(RuntimeCheckError, match="printed no smoke report; its output ends: FATAL: container"):
         read_report("n1", found, on_node(node, smoke_command(found, None, False, "3.7.1")), "smoke")
