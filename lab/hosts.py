@@ -171,11 +171,10 @@ def host_binds(host_dir: Path) -> dict[str, str]:
 
 
 def start_host(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None,
-               shared_venv: Path | None = None, runtime_dir: tuple[Path, str] | None = None) -> dict:
+               shared_venv: Path | None = None, runtime_binds: dict[str, str] | None = None) -> dict:
     host_dir = paths.host_dir(planned.name)
     binds = host_binds(host_dir)
-    if runtime_dir is not None:  # ./lab/up --sif-runtime: (directory holding the stand-in, where the host sees it)
-        binds[runtime_dir[1]] = str(runtime_dir[0])
+    binds.update(runtime_binds or {})  # ./lab/up --sif-runtime: the stand-in on PATH, the checkout that runs it
     if shared_venv is not None:  # one directory bound at /opt/venv in every sharing host's mount namespace
         binds[venvs.VENV_MOUNT] = str(shared_venv)
     if login_user is not None:  # a --login user lab: the user's home is the host's own, the wheels readable

@@ -39,21 +39,31 @@ VERSION_LINE = f"{NAME} version lab-stand-in (lab stand-in: kernel squashfs+over
 NAMESPACE_MARK = "CDNA2_STAND_IN_NAMESPACE"
 # What ./lab/up --sif-runtime binds over a host's /usr/local/sbin (empty on Debian, on the hosts' default PATH).
 PATH_DIR = "/usr/local/sbin"
+# Where a host sees this checkout (and its .venv), which runs the stand-in: a checkout under /tmp is not visible at
+# its own path in a host's mount namespace (each host has a /tmp of its own).
+CHECKOUT_MOUNT = "/opt/cdna2-lab-checkout"
 
 
 def launcher_text() -> str:
-    """The ``apptainer`` a lab host finds on its PATH: this file, run by this checkout's Python."""
+    """The ``apptainer`` a lab host finds on its PATH: this file, run by this checkout's Python, both as the host sees
+    them (at CHECKOUT_MOUNT)."""
+    python = Path(sys.executable)
+    if python.is_relative_to(REPO):  # bin/setup's .venv
+        python = Path(CHECKOUT_MOUNT) / python.relative_to(REPO)
+    stand_in = Path(CHECKOUT_MOUNT) / Path(__file__).resolve().relative_to(REPO)
     return (f"#!/bin/sh\n# lab stand-in for Apptainer (a test double): {__file__}\n"
-            f'exec {sys.executable} -P {Path(__file__).resolve()} "$@"\n')
+            f'exec {python} -P {stand_in} "$@"\n')
 
 
-def install(paths: LabPaths) -> tuple[Path, str]:
-    """The lab's directory holding the ``apptainer`` launcher, and where hosts bind it (on their PATH)."""
+def install(paths: LabPaths) -> dict[str, str]:
+    """Writes the ``apptainer`` launcher into the lab's directory; returns the binds each host needs for it (mount
+    point -> source): the launcher's directory on the hosts' PATH, and this checkout."""
     directory = paths.root / "sif-runtime"
     directory.mkdir(exist_ok=True)
     write_atomically(directory / NAME, launcher_text(), mode=0o755)
-    Path(PATH_DIR).mkdir(parents=True, exist_ok=True)  # Debian has it; the hosts' bind needs it
-    return directory, PATH_DIR
+    for mount_point in (PATH_DIR, CHECKOUT_MOUNT):  # the hosts' binds need them (Debian has the first)
+        Path(mount_point).mkdir(parents=True, exist_ok=True)
+    return {PATH_DIR: str(directory), CHECKOUT_MOUNT: str(REPO)}
 
 
 def _binds(values: list[str]) -> tuple[dict[str, Path], dict[str, Path]]:
