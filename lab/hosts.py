@@ -173,8 +173,9 @@ def host_binds(host_dir: Path) -> dict[str, str]:
 def start_host(paths: LabPaths, planned: kinds.PlannedHost, login_user: str | None = None,
                shared_venv: Path | None = None, runtime_binds: dict[str, str] | None = None) -> dict:
     host_dir = paths.host_dir(planned.name)
-    binds = host_binds(host_dir)
-    binds.update(runtime_binds or {})  # ./lab/up --sif-runtime: the stand-in on PATH, the checkout that runs it
+    # ./lab/up --sif-runtime: the stand-in on PATH and the checkout that runs it, bound first: a checkout under /tmp
+    # is out of sight once the host's own /tmp is bound
+    binds = {**(runtime_binds or {}), **host_binds(host_dir)}
     if shared_venv is not None:  # one directory bound at /opt/venv in every sharing host's mount namespace
         binds[venvs.VENV_MOUNT] = str(shared_venv)
     if login_user is not None:  # a --login user lab: the user's home is the host's own, the wheels readable
