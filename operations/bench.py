@@ -14,14 +14,13 @@ from pyinfra.facts.server import Command
 from typing_extensions import override
 
 from cdna2.bench import GPU_ARCH, host_command, parse_host_output
-from cdna2.images.runtime import (RuntimeCheckError, bench_command, launch_of, probe_command, read_probe,
-                                  read_report, smoke_command)
+from cdna2.images.runtime import RuntimeCheckError, bench_command, read_report
 from cdna2.reports.bench import BenchReport
 from cdna2.host.bench import PROBLEMS
 from cdna2.reports.run import FAILED, PLANNED, SKIPPED, RunReport
 from operations.agent import agent_command
 from operations.report import inventory_argument, report_dir
-from operations.smoke import smoke_verdict
+from operations.smoke import image_launch, smoke_inside, smoke_verdict
 from operations.util import fail_host_command
 
 
@@ -184,10 +183,8 @@ def benchmarked_inside_image(bench: BenchReport, report: RunReport, image: str, 
         return
     launch = None
     try:
-        probe = host.get_fact(Command, probe_command(image)) or ""
-        launch = launch_of(host.name, image, read_probe(probe.splitlines()))
-        smoke = read_report(host.name, launch, (host.get_fact(
-            Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or "").splitlines(), "smoke")
+        launch = image_launch(image)
+        smoke = smoke_inside(launch, host_arch, gpu_checks, expect_triton)
         bad, summary = smoke_verdict(smoke, host_arch, gpu_checks)
         report.host(host.name).details.update(runtime=launch.report(), smoke=smoke)
         report.step(host.name, "smoke", FAILED if bad else "ok", f"inside {launch.version}: {summary}")

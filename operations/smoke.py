@@ -12,7 +12,7 @@ from pyinfra.facts.server import Command
 
 from cdna2.families import host_families
 from cdna2.host.families import WITHHELD, verdict_line
-from cdna2.images.runtime import (RuntimeCheckError, launch_of, probe_command, read_probe, read_report,
+from cdna2.images.runtime import (Launch, RuntimeCheckError, launch_of, probe_command, read_probe, read_report,
                                   smoke_command)
 from cdna2.reports.run import FAILED, RunReport
 from cdna2.smoke_proof import proof_key, recorded_proof
@@ -137,6 +137,18 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                         json.dumps(passed, sort_keys=True))
 
 
+def image_launch(image: str) -> Launch:
+    """What runs ``image`` with its layer on the current node (its runtime, read there), or RuntimeCheckError."""
+    probe = host.get_fact(Command, probe_command(image)) or ""
+    return launch_of(host.name, image, read_probe(probe.splitlines()))
+
+
+def smoke_inside(launch: Launch, host_arch: str | None, gpu_checks: bool, expect_triton: str) -> dict:
+    """The smoke report printed inside the node's runtime (the hashes checked first), or RuntimeCheckError."""
+    output = host.get_fact(Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or ""
+    return read_report(host.name, launch, output.splitlines(), "smoke")
+
+
 @operation()
 def smoke_passed_inside_image(report: RunReport, image: str, host_arch: str | None, gpu_checks: bool = True,
                               expect_triton: str = "3.7.1"):
@@ -164,10 +176,8 @@ def smoke_passed_inside_image(report: RunReport, image: str, host_arch: str | No
         host.noop(f"the smoke test runs inside the node's runtime with {image} and its layer")
         return
     try:
-        probe = host.get_fact(Command, probe_command(image)) or ""
-        launch = launch_of(host.name, image, read_probe(probe.splitlines()))
-        smoke = host.get_fact(Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or ""
-        result = read_report(host.name, launch, smoke.splitlines(), "smoke")
+        launch = image_launch(image)
+        result = smoke_inside(launch, host_arch, gpu_checks, expect_triton)
     except RuntimeCheckError as error:
         report.step(host.name, "verify", FAILED, str(error))
         yield fail_host_command(f"verify: {error}")
