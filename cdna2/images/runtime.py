@@ -162,5 +162,11 @@ def read_report(host: str, launch: Launch, lines: list[str], what: str) -> dict:
                 return json.loads(line)
             except ValueError:
                 continue
+    # argparse's words when the agent the layer carries predates an option this controller passes
+    older = next((line for line in lines if "unrecognized arguments:" in line), None)
+    if older is not None:
+        raise RuntimeCheckError(f"{host}: {launch.layer}: the agent this layer carries is older than this controller "
+                                f"({older.strip()}): deploy the layer again (`python -m cdna2.images deploy "
+                                f"{launch.image}`), then rerun")
     raise RuntimeCheckError(f"{host}: {launch.runtime} exec {launch.image} printed no {what} report; its output "
                             f"ends: {' | '.join(lines[-5:]) or 'nothing'}")

@@ -93,6 +93,24 @@ def test_the_bench_cases_run_inside_the_runtime_on_the_records_launch_line(node)
         "--cases-json", json.dumps(cases, sort_keys=True), "--json", "--skip-unapplied-patch-sets"]
 
 
+def test_a_layer_whose_agent_predates_an_option_names_the_redeploy(node):
+    """A layer deployed by an older controller carries an agent whose argparse refuses the options this one passes
+    (bench's --skip-unapplied-patch-sets came later): the error says so and names the redeploy, not "no report"."""
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    # Test double for the old agent inside the runtime: the real argparse, without the newer option.
+    (node["bin"] / "apptainer").write_text(
+        "#!/bin/sh\nexec python3 -c 'import argparse; argparse.ArgumentParser(prog=\"bench\").parse_args()' "
+        "--skip-unapplied-patch-sets\n")
+    with pytest.raises(RuntimeCheckError) as raised:
+        read_report("n1", found, on_node(node, bench_command(found, "gfx90a", [{"name": "prefill_4x1024"}])),
+                    "bench")
+    assert str(raised.value) == (
+        f"n1: {found.layer}: the agent this layer carries is older than this controller (bench: error: unrecognized "
+        f"arguments: --skip-unapplied-patch-sets): deploy the layer again (`python -m cdna2.images deploy "
+        f"{found.image}`), then rerun")
+
+
 def test_singularity_is_preferred_as_the_wrapper_prefers_it(node):
     with_runtime(node, "apptainer")
     singularity = with_runtime(node, "singularity")
