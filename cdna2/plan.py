@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from cdna2.host.distributions import recorded_versions
+
 TARGET_ARCH = "gfx90a"
 
 
@@ -132,11 +134,8 @@ def kernels_decision(probe: dict[str, Any], enabled: bool, installs_aiter: bool 
     return PROCEED, f"gfx942 tree {aiter['gfx942_record_digest'][:12]} ({aiter['gfx942_record_files']} files)"
 
 
-RECORDED_PACKAGES = ("amd-aiter", "torch", "triton", "vllm")
-
-
 def installed_versions(probe: dict[str, Any]) -> dict[str, str | None]:
-    return {name: (probe["distributions"].get(name) or {}).get("version") for name in RECORDED_PACKAGES}
+    return recorded_versions(probe["distributions"])
 
 
 def deployed_record(probe: dict[str, Any], requirements: list[str], kernels_digest: str | None,

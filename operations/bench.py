@@ -184,9 +184,8 @@ def benchmarked_inside_image(bench: BenchReport, report: RunReport, image: str, 
     launch = None
     try:
         launch = image_launch(image)
-        smoke = smoke_inside(launch, host_arch, gpu_checks, expect_triton)
+        smoke = smoke_inside(report, launch, host_arch, gpu_checks, expect_triton)
         bad, summary = smoke_verdict(smoke, host_arch, gpu_checks)
-        report.host(host.name).details.update(runtime=launch.report(), smoke=smoke)
         report.step(host.name, "smoke", FAILED if bad else "ok", f"inside {launch.version}: {summary}")
         if bad:
             raise RuntimeCheckError(f"{host.name}: the smoke test inside {launch.version} with {launch.layer} failed "

@@ -12,6 +12,7 @@ from pyinfra.facts.server import Command
 
 from cdna2.families import host_families
 from cdna2.host.families import WITHHELD, verdict_line
+from cdna2.host.distributions import RECORDED_PACKAGES
 from cdna2.images.runtime import (Launch, RuntimeCheckError, launch_of, probe_command, read_probe, read_report,
                                   smoke_command)
 from cdna2.reports.run import FAILED, RunReport
@@ -143,10 +144,19 @@ def image_launch(image: str) -> Launch:
     return launch_of(host.name, image, read_probe(probe.splitlines()))
 
 
-def smoke_inside(launch: Launch, host_arch: str | None, gpu_checks: bool, expect_triton: str) -> dict:
-    """The smoke report printed inside the node's runtime (the hashes checked first), or RuntimeCheckError."""
+def smoke_inside(report: RunReport, launch: Launch, host_arch: str | None, gpu_checks: bool,
+                 expect_triton: str) -> dict:
+    """The smoke report printed inside the node's runtime (the hashes checked first), or RuntimeCheckError; the
+    host's row gets the runtime, the report, and the image's Python and packages in place of the node's."""
     output = host.get_fact(Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or ""
-    return read_report(host.name, launch, output.splitlines(), "smoke")
+    result = read_report(host.name, launch, output.splitlines(), "smoke")
+    row = report.host(host.name)
+    row.details["runtime"], row.details["smoke"] = launch.report(), result
+    # What ran is the image's Python with the image's packages, not the node's (a layer's agent from before the
+    # smoke report named them leaves them unknown rather than showing the node's).
+    row.python = f"{launch.python} (inside {launch.image})"
+    row.packages = {name: (result.get("versions") or {}).get(name) for name in RECORDED_PACKAGES}
+    return result
 
 
 @operation()
@@ -177,14 +187,12 @@ def smoke_passed_inside_image(report: RunReport, image: str, host_arch: str | No
         return
     try:
         launch = image_launch(image)
-        result = smoke_inside(launch, host_arch, gpu_checks, expect_triton)
+        result = smoke_inside(report, launch, host_arch, gpu_checks, expect_triton)
     except RuntimeCheckError as error:
         report.step(host.name, "verify", FAILED, str(error))
         yield fail_host_command(f"verify: {error}")
         return
     bad, summary = smoke_verdict(result, host_arch, gpu_checks)
-    report.host(host.name).details["runtime"] = launch.report()
-    report.host(host.name).details["smoke"] = result
     report.step(host.name, "verify", FAILED if bad else "ok", f"smoke inside {launch.version}: {summary}")
     if bad:
         yield fail_host_command("verify: smoke inside the image: "

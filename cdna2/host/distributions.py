@@ -23,6 +23,13 @@ DISTRIBUTIONS = {
     "vllm": ("vllm",),
     "rocm-sdk-core": ("rocm-sdk-core", "rocm"),
 }
+# The packages a report shows and the deployed record keeps versions of.
+RECORDED_PACKAGES = ("amd-aiter", "torch", "triton", "vllm")
+
+
+def recorded_versions(distributions: dict) -> dict[str, str | None]:
+    """{package: installed version or None} of RECORDED_PACKAGES, from ``read_distributions``' answer."""
+    return {name: (distributions.get(name) or {}).get("version") for name in RECORDED_PACKAGES}
 
 
 def _lines_starting_with(text: str, prefix: str) -> dict[int, str]:

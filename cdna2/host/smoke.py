@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.host import smoke_gpu
+from cdna2.host.distributions import recorded_versions
 from cdna2.host.families import WITHHELD, installed_families, judge, verdict_line
 from cdna2.host.gpu_run import GpuLimits, GpuRun, gpu_child, load_lines, proven_loads, provenance_problem
 from cdna2.host.smoke_static import (FAILED, GPU, PASSED, SKIPPED, WRONG, named, read_host, result, searched_first,
@@ -240,7 +241,9 @@ def run_smoke(site_packages: Path, state_dir: Path, host_arch: str | None, expec
     gpu, device, not_run = gpu_checks(host_arch, run, no_gpu_reason, skip)
     checks.extend(gpu)
     counts = {status: sum(check["status"] == status for check in checks) for status in (PASSED, FAILED, SKIPPED, WRONG)}
-    report = {"checks": checks, **counts, "device": device, "host_arch": host_arch, "gpu_checks": run is not None}
+    report = {"checks": checks, **counts, "device": device, "host_arch": host_arch, "gpu_checks": run is not None,
+              # what the checks ran against: inside an image's runtime, the image's packages, not the node's
+              "versions": recorded_versions(view.distributions)}
     if families is not None:
         tree = view.gfx90a_tree
         installed = installed_families(tree, families) if tree is not None and tree.is_dir() else {}

@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+from cdna2.host.distributions import RECORDED_PACKAGES
 from cdna2.host.state import write_file_atomically
-from cdna2.plan import RECORDED_PACKAGES, installed_versions
+from cdna2.plan import installed_versions
 from cdna2.reports.groups import counted, group_hosts, hosts_label
 
 REPORT_FORMAT = 2

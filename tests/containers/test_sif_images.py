@@ -188,6 +188,10 @@ def test_verify_and_bench_run_inside_the_runtime_on_a_node_and_name_it(deployed,
         "python": "/opt/venv/bin/python", "site_packages": "/opt/venv/lib/python3.11/site-packages"}
     assert row["steps"]["verify"]["status"] == "ok"
     assert row["steps"]["verify"]["detail"].startswith(f"smoke inside {sif_runtime.VERSION_LINE}: ")
+    # The packages and Python shown are the image's, as the smoke test inside it read them, not the node's own.
+    assert row["python"] == f"/opt/venv/bin/python (inside {files.image})"
+    assert row["packages"] == row["details"]["smoke"]["versions"]
+    assert (row["packages"]["amd-aiter"], row["packages"]["triton"]) == ("0.1.7.post2.dev18", "3.7.1")
     checks = {check["name"]: check for check in row["details"]["smoke"]["checks"]}
     for name in ("gfx90a_tree", "code_objects_gfx90a", "manifests_complete", "patch_sets_applied", "triton_version"):
         assert checks[name]["status"] == "passed", checks[name]
