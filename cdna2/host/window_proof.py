@@ -20,6 +20,7 @@ every node, whose GPUs are their own). It is written through a transaction of it
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -29,7 +30,6 @@ from pathlib import Path
 from cdna2.host import txn
 from cdna2.host.cli import finish
 from cdna2.host.digests import file_sha256
-from cdna2.host.distributions import installed_version
 from cdna2.host.smoke_static import searched_first
 
 RECORD = "vllm/v1/attention/backends/gfx90a_sliding_window_proof.json"  # under site-packages; the guard's name too
@@ -45,27 +45,31 @@ class WindowProofError(RuntimeError):
     pass
 
 
-def aiter_directory(site_packages: Path) -> Path:
-    """The ``aiter`` package directory the target Python imports (site-packages first, as vLLM's process finds it:
-    a develop checkout's too)."""
+def installed(site_packages: Path) -> tuple[Path, str | None]:
+    """The ``aiter`` package directory and the triton version the target Python finds with ``site_packages`` first,
+    as vLLM's process finds them (a develop checkout's too)."""
     with searched_first(site_packages):
         spec = importlib.util.find_spec("aiter")
+        try:
+            triton = importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:
+            triton = None
     locations = list(spec.submodule_search_locations or ()) if spec is not None else []
     if not locations:
         raise WindowProofError(f"no aiter package is importable with {site_packages} first on the path")
-    return Path(locations[0])
+    return Path(locations[0]), triton
 
 
 def record_of(check: dict, site_packages: Path, at: str) -> dict:
     """The record of ``check`` (the smoke report's entry for CHECK) for the AITER and triton installed now."""
     if check.get("name") != CHECK:
         raise WindowProofError(f"the record is of check {CHECK}, not {check.get('name')!r}")
-    aiter = aiter_directory(site_packages)
+    aiter, triton = installed(site_packages)
     files = {path.relative_to(aiter).as_posix(): file_sha256(path) for path in sorted(aiter.glob(AITER_FILES))}
     if not files:
         raise WindowProofError(f"{aiter} holds no {AITER_FILES}: AITER has no Triton unified attention to record")
     return {"format": FORMAT, "check": CHECK, "status": check["status"], "detail": check.get("detail", ""),
-            "at": at, "node": os.uname().nodename, "triton": installed_version(site_packages, "triton"),
+            "at": at, "node": os.uname().nodename, "triton": triton,
             "aiter_files": files}
 
 
