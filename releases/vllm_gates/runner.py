@@ -240,8 +240,10 @@ def run_configuration(roots: list[Path], arch: str, environment: dict[str, str],
     gates = evaluate_gates(registered, rocm_candidates(roots))
     result = {"arch": arch, "detected": detected, "gates": gates}
     if models:
-        # The record beside the guarded module is written only into a patched copy, never into the stock tree.
-        guarded = Path(importlib.import_module(UNIFIED_MODULE).__file__).parent if window_records else None
+        # The record beside the guarded module is written only into a patched copy, never into the stock tree, and
+        # only read on gfx90a (on gfx942 the guard has nothing to decline: EXPLICIT_UNIFIED shows it).
+        guarded = Path(importlib.import_module(UNIFIED_MODULE).__file__).parent \
+            if window_records and arch == "gfx90a" else None
         patched = guarded is not None and len(roots) > 1 and guarded.is_relative_to(roots[0])
         result["selection"] = evaluate_selection(models, window_records if patched else None, guarded)
     outside = sorted(name for name in sys.modules if name.split(".")[0] not in ("vllm", "amdsmi", "aiter"))

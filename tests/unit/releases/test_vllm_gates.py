@@ -381,8 +381,8 @@ def _unified_judged(full: dict, sliding: dict | None = None, gfx942_after: dict 
     selection = _good_selection()
     refusals = {gates.EXPLICIT_UNIFIED: gates.NO_RECORD, **gates.WINDOW_REFUSALS}
     for (tree, arch), models in selection.items():
-        orders = [gates.EXPLICIT_UNIFIED, *gates.WINDOW_REFUSALS, gates.SMOKE_PASSED] if tree == "patched" \
-            else [gates.EXPLICIT_UNIFIED]
+        orders = [gates.EXPLICIT_UNIFIED, *gates.WINDOW_REFUSALS, gates.SMOKE_PASSED] \
+            if (tree, arch) == ("patched", "gfx90a") else [gates.EXPLICIT_UNIFIED]
         for order in orders:
             if (tree, arch) == ("patched", "gfx90a"):
                 chosen = proven if order == gates.SMOKE_PASSED else _unified_guarded(refusals[order])
@@ -410,8 +410,7 @@ def test_selection_judge_wants_the_unified_attention_guard_where_the_triton_set_
         f"{FULL_MODEL} on patched gfx90a ({order}), full layers: ROCM_ATTN; expected {gates.AITER_UNIFIED}"
         for order in (gates.EXPLICIT_UNIFIED, *gates.WINDOW_REFUSALS, gates.SMOKE_PASSED)]
     assert _unified_judged(UNIFIED, gfx942_after=_unified_guarded(gates.NO_RECORD)) == [
-        f"hybrid on gfx942 ({order}) changed: {gates.AITER_UNIFIED} stock, refused patched"
-        for order in (gates.EXPLICIT_UNIFIED, gates.SMOKE_PASSED, *gates.WINDOW_REFUSALS)]
+        f"hybrid on gfx942 ({gates.EXPLICIT_UNIFIED}) changed: {gates.AITER_UNIFIED} stock, refused patched"]
 
 
 def test_selection_judge_wants_the_host_smoke_record_to_admit_sliding_window_models():
