@@ -74,23 +74,20 @@ def record_of(check: dict, site_packages: Path, at: str) -> dict:
 
 
 def write(site_packages: Path, state_dir: Path, check: dict, at: str) -> dict:
-    """Write the record of ``check`` beside the guard, through the transaction (unchanged when it holds it)."""
+    """Write the record of ``check`` beside the guard, through the transaction (it replaces an earlier one)."""
     data = (json.dumps(record_of(check, site_packages, at), indent=1, sort_keys=True) + "\n").encode()
     target = site_packages / RECORD
     if not target.parent.is_dir():
-        raise WindowProofError(f"{target.parent} does not exist: vLLM's ROCM_AITER_UNIFIED_ATTN backend is not there")
+        raise WindowProofError(f"{target.parent} does not exist: vLLM's ROCM_AITER_UNIFIED_ATTN backend is not "
+                               f"there; remove vllm-aiter-triton-ops from the host's optional_patch_sets")
     current = file_sha256(target)
     staged = target.with_name(f"{target.name}{txn.STAGED_SUFFIX}-{os.getpid()}")
     staged.write_bytes(data)
-    new = file_sha256(staged)
-    if new == current:
-        staged.unlink()
-        return {"ok": True, "action": "write", "changed": [], "status": check["status"]}
     try:
         result = txn.apply({"package": PLAN, "version": None, "root": str(site_packages),
                             "backup_dir": str(state_dir / "backups" / PLAN),
-                            "changes": [{"path": RECORD, "expected_sha256": current, "new_sha256": new,
-                                         "staged": str(staged)}]})
+                            "changes": [{"path": RECORD, "expected_sha256": current,
+                                         "new_sha256": file_sha256(staged), "staged": str(staged)}]})
     finally:
         staged.unlink(missing_ok=True)
     return {**result, "action": "write", "status": check["status"]}
