@@ -32,8 +32,9 @@ from cdna2.plan import (FAIL, PROCEED, SKIP, arch_skip_reason, data_arch_refusal
                         kernels_decision, target_env_error, with_data_arch)
 from cdna2.probe_memo import record_memo, remember_records
 from cdna2.reports.run import FAILED, PLANNED, SKIPPED, UNCHANGED, plan_step_status, summarise_probe
+from cdna2.smoke_proof import window_record_action
 from cdna2.shared_environments import CHECKER, WRITER, checker_expectation, role_summary, shared_environment_refusal
-from cdna2.triton.hosts import SET as TRITON_SET
+from cdna2.triton.hosts import SET as TRITON_SET, opened_ops_refusal
 from cdna2.wheels import WheelPlanError
 from operations.agent import RUN, agent_installed, current_agent_bundle
 from operations.bench import BenchRecorder, benchmarked
@@ -131,6 +132,8 @@ requires_error = "; ".join(f"optional_patch_sets: {unmet}: add it to this host's
 # AITER's Triton configs hold for the host's own Triton tree and triton where the controller's compile proof of that
 # tree (once per distinct tree and triton per run; committed or cached where it can be) derives exactly them.
 triton_proof, triton_error = triton_proof_or_refusal(host, probe, catalog, patch_plans.get("amd-aiter"), requirements)
+# A vLLM site opening an op whose kernels (their config chosen in code) failed that proof refuses its set.
+triton_error = triton_error or opened_ops_refusal(host.name, triton_proof, catalog, patch_plans.get("vllm"))
 problem = (env_error or write_error or shared_error or arch_refusal or release_error or requires_error or patch_error
            or triton_error or wheel_error or translation_error or space_error
            or keep_refusal(data.smoke_keep_unproven_families))
@@ -295,7 +298,9 @@ else:
                      site_packages=probe["distributions"]["amd-aiter"]["location"],
                      target_python=data.target_python, state_dir=state_dir, host_arch=probe["gpu"]["arch"],
                      gpu_checks=gpu_checks, no_gpu_reason=no_gpu_reason, hsa_root=probe["aiter"]["hsa_root"],
-                     keep_families=data.smoke_keep_unproven_families)
+                     keep_families=data.smoke_keep_unproven_families,
+                     window_record=window_record_action(patch_sets, bool(data.shared_environment), writes),
+                     vllm_site_packages=(probe["distributions"].get("vllm") or {}).get("location"))
 
     # 8. Record what the host now holds, for verify.py and rollback.py (not when a package of this run is stale).
     if writes and not reinstalled and record_needed("deployed", deployed, probe["state"]):

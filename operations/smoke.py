@@ -16,7 +16,7 @@ from cdna2.host.distributions import RECORDED_PACKAGES
 from cdna2.images.runtime import (Launch, RuntimeCheckError, launch_of, probe_command, read_probe, read_report,
                                   smoke_command)
 from cdna2.reports.run import FAILED, RunReport
-from cdna2.smoke_proof import proof_key, recorded_proof
+from cdna2.smoke_proof import WINDOW_CHECK, WRITE_RECORD, proof_key, recorded_proof, window_record_note
 from operations.agent import agent_command
 from operations.facts import SmokeResult
 from operations.util import fail_host_command
@@ -68,7 +68,8 @@ def smoke_verdict(result: dict, host_arch: str | None, gpu_checks: bool) -> tupl
 def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dict | None, site_packages: str,
                  target_python: str, state_dir: str, host_arch: str | None, gpu_checks: bool = True,
                  expect_triton: str = "3.7.1", no_gpu_reason: str | None = None, hsa_root: str | None = None,
-                 keep_families: list[str] = ()):
+                 keep_families: list[str] = (), window_record: str | None = None,
+                 vllm_site_packages: str | None = None):
     """
     Prove the host's provisioned state with the on-host smoke test, record every check, fail on any failure.
 
@@ -84,6 +85,9 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     + no_gpu_reason: why no GPU can exist on the target (an image build): the GPU checks are skipped with it
     + hsa_root: AITER's ``hsa`` directory on the host (where families are withheld from ``gfx90a``)
     + keep_families: kernel families to keep although no GPU check proves them (host data)
+    + window_record: what to do with the sliding-window record beside vLLM (``cdna2.smoke_proof``
+      ``window_record_action``): write the outcome of this run's sliding-window check, remove it, or None
+    + vllm_site_packages: the directory holding vLLM on the host (where that record goes)
 
     Kernel families:
         each installed family (cdna2/data/kernel-families.yaml) gets a verdict: proven, withheld or unproven, with
@@ -124,6 +128,18 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
     report.step(host.name, "smoke", FAILED if bad else "ok", summary)
     report.host(host.name).details["smoke"] = result
     report_families(report, host.name, result.get("families"))
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # vllm-aiter-triton-ops' guard reads this run's sliding-window check, failed or not, before the host may fail.
+    window_check = next((check for check in result["checks"] if check["name"] == WINDOW_CHECK), None)
+    if window_record == WRITE_RECORD and window_check is not None:
+        yield agent_command(target_python, state_dir, "window_proof", "write", "--site-packages", vllm_site_packages,
+                            "--state-dir", state_dir, "--check", json.dumps(window_check, sort_keys=True), "--at", at)
+    elif window_record is not None:
+        yield agent_command(target_python, state_dir, "window_proof", "remove", "--site-packages",
+                            vllm_site_packages, "--state-dir", state_dir)
+    note = window_record_note(window_check, window_record)
+    if note:
+        report.host(host.name).notes.append(note)
     if bad:
         yield fail_host_command("smoke: " + "; ".join(f"{c['name']} {c['status']}: {c['detail']}" for c in bad))
         return
@@ -132,8 +148,8 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                             "--hsa-root", hsa_root, "--state-dir", state_dir,
                             "--families", json.dumps(families, sort_keys=True),
                             "--reasons", json.dumps(result["withhold"], sort_keys=True))
-    passed = {"proves": proof_key(deployed, gpu_checks), "summary": summary,
-              "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "families": result.get("families", {})}
+    passed = {"proves": proof_key(deployed, gpu_checks), "summary": summary, "at": at,
+              "families": result.get("families", {})}
     yield agent_command(target_python, state_dir, "state", "set", "--state-dir", state_dir, "smoke",
                         json.dumps(passed, sort_keys=True))
 

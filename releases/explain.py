@@ -27,6 +27,7 @@ from cdna2.patches.catalog import load_catalog
 from cdna2.patches.releases import load_releases
 from lab import torchvenv
 from releases import gates
+from releases.gates import AITER_UNIFIED, EXPLICIT_UNIFIED, UNIFIED_GUARD_REASON
 
 AITER_FA, ROCM_ATTN = "ROCM_AITER_FA", "ROCM_ATTN"
 # The serving environment the project recommends on gfx90a (docs/serving.md): every AITER switch the
@@ -200,6 +201,9 @@ def interpret(outcome: dict, model: str, shape: dict, environment: dict[str, str
         decided = [_gate(gates, name) for name in MHA_GATES]
         if "refused" in explicit:
             decided.append(f"ROCM_AITER_FA refused: {explicit['refused']}")
+        unified = selected["choices"].get(EXPLICIT_UNIFIED, {}).get(kind, {})
+        if UNIFIED_GUARD_REASON in unified.get("refused", ""):  # vllm-aiter-triton-ops: the host's record decides
+            decided.append(f"{AITER_UNIFIED} (--attention-backend) refused: {unified['refused']}")
         elif backend != AITER_FA:
             decided.append(f"ROCM_AITER_FA is valid, but {backend} comes first in vLLM's priority list "
                            f"(VLLM_PREFER_AITER_FA={environment.get('VLLM_PREFER_AITER_FA', 'unset')}; with the "

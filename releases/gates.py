@@ -19,12 +19,17 @@ model, in the prefer order, the stock order and with --attention-backend ROCM_AI
 ROCM_AITER_FA for a model with full attention only, and never for any layer of a model with a sliding-window layer
 (it corrupts them silently on gfx90a), logging the guard's reason, with which an explicit ROCM_AITER_FA is
 refused; stock gfx90a never picks it; where vllm-aiter-triton-ops was applied, an explicit ROCM_AITER_UNIFIED_ATTN
-serves the full-attention model and is refused by its own sliding-window guard for the others, and no order picks it
-for a sliding-window model; on gfx942 the stock order and both explicit choices are the same before and after.
+serves the full-attention model and is refused by its own sliding-window guard for the others (naming that no
+record of the host's smoke test is there), and no order picks it for a sliding-window model; with the host's record
+of a passed sliding-window smoke check beside the guard (cdna2/host/window_proof.py), it serves the sliding-window
+models too, and a record that failed, names another AITER file or another node, or does not parse is refused naming
+why (on gfx90a: on gfx942 the guard declines nothing); on gfx942 the stock order and both explicit choices are the
+same before and after.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import subprocess
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdna2.cache import cache_root
+from cdna2.host.window_proof import CHECK as WINDOW_CHECK, FORMAT as WINDOW_FORMAT
 from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
@@ -52,6 +58,15 @@ PREFER, STOCK_ORDER, EXPLICIT = "prefer", "stock order", "explicit ROCM_AITER_FA
 AITER_UNIFIED = "ROCM_AITER_UNIFIED_ATTN"
 EXPLICIT_UNIFIED = f"explicit {AITER_UNIFIED}"  # vllm_gates/selection.py EXPLICITS
 UNIFIED_GUARD_REASON = "ROCM_AITER_UNIFIED_ATTN is declined on gfx90a for sliding-window models"  # vllm-aiter-triton-ops
+# Its exception: an explicit ROCM_AITER_UNIFIED_ATTN with a record beside the guard (vllm_gates/selection.py), one
+# order per kind of record, and what its refusal names; EXPLICIT_UNIFIED has no record there.
+SMOKE_PASSED = f"{EXPLICIT_UNIFIED}, host smoke passed"
+WINDOW_REFUSALS = {f"{EXPLICIT_UNIFIED}, host smoke failed": f"{WINDOW_CHECK} failed",
+                   f"{EXPLICIT_UNIFIED}, record of another AITER": "is not the file the smoke test proved",
+                   f"{EXPLICIT_UNIFIED}, record of another node": "not of this node",
+                   f"{EXPLICIT_UNIFIED}, record unparseable": "does not parse"}
+NO_RECORD = "no record"
+AITER_DOUBLE_FILE = "ops/triton/attention/unified_attention.py"  # under the AITER double's package directory
 CK_INT8_SET, FAST_FP8_SET, TRITON_OPS_SET = "vllm-ck-int8-gemm", "vllm-fast-fp8-dequant", "vllm-aiter-triton-ops"
 # Every AITER feature switched on, so a closed gate is closed by the arch, never by an operator's default.
 ENVIRONMENT = {name: "1" for name in (
@@ -259,14 +274,21 @@ def judge_selection(release: ReleaseGates) -> list[str]:
                 failures.append(f"{model} (sliding-window layers) on patched gfx90a ({STOCK_ORDER}), {kind} layers: "
                                 f"{choice['backend']}")
         if TRITON_OPS_SET in release.applied_sets:
-            for kind, choice in patched["choices"].get(EXPLICIT_UNIFIED, {}).items():
-                if sliding and UNIFIED_GUARD_REASON not in choice.get("refused", ""):
-                    failures.append(f"{model} (sliding-window layers) on patched gfx90a ({EXPLICIT_UNIFIED}), {kind} "
-                                    f"layers: {choice_label(choice)}; expected the start-up refusal of its "
-                                    "sliding-window guard")
-                if not sliding and choice.get("backend") != AITER_UNIFIED:
-                    failures.append(f"{model} (full attention) on patched gfx90a ({EXPLICIT_UNIFIED}), {kind} layers: "
-                                    f"{choice_label(choice)}; expected {AITER_UNIFIED}")
+            refusals = {EXPLICIT_UNIFIED: NO_RECORD, **WINDOW_REFUSALS}
+            for order in (*refusals, SMOKE_PASSED):
+                for kind, choice in patched["choices"].get(order, {}).items():
+                    refused = choice.get("refused", "")
+                    if sliding and order in refusals and not (UNIFIED_GUARD_REASON in refused
+                                                              and refusals[order] in refused):
+                        failures.append(f"{model} (sliding-window layers) on patched gfx90a ({order}), {kind} layers: "
+                                        f"{choice_label(choice)}; expected the start-up refusal of its sliding-window "
+                                        f"guard, naming '{refusals[order]}'")
+                    if (not sliding or order == SMOKE_PASSED) and choice.get("backend") != AITER_UNIFIED:
+                        failures.append(f"{model} on patched gfx90a ({order}), {kind} layers: {choice_label(choice)}; "
+                                        f"expected {AITER_UNIFIED}")
+            failures += [f"{model} on patched gfx90a: no choice with {order}" for order in (*WINDOW_REFUSALS,
+                                                                                          SMOKE_PASSED)
+                         if order not in patched["choices"]]
         if sliding and not any(GUARD_REASON in text for text in patched.get("warnings", [])):
             failures.append(f"{model} (sliding-window layers) on patched gfx90a: vLLM logged no warning naming the "
                             f"guard's reason ({patched.get('warnings')})")
@@ -303,7 +325,7 @@ def render_selection(releases: list[ReleaseGates]) -> str:
             layers = next((selected["layers"] for arch, tree in COLUMNS
                            for selected in [release.selection(arch, tree).get(model)] if selected), {})
             layer_text = " + ".join(f"{count} {kind}" for kind, count in layers.items())
-            for order in (PREFER, STOCK_ORDER, EXPLICIT, EXPLICIT_UNIFIED):
+            for order in (PREFER, STOCK_ORDER, EXPLICIT, EXPLICIT_UNIFIED, SMOKE_PASSED):
                 cells = [_choices_cell(release.selection(arch, tree).get(model, {}).get("choices", {}).get(order))
                          for arch, tree in COLUMNS]
                 lines.append("| " + " | ".join([release.version, model, layer_text, order, *cells]) + " |")
@@ -330,6 +352,9 @@ def render(releases: list[ReleaseGates]) -> str:
         lines.append(f"vLLM {release.version}: {release.verdict}" + (f"; patched with {sets}" if sets else ""))
         if release.patched and release.models():
             lines.append(f"  sliding-window models on patched gfx90a are served by {sliding_window_fallback(release)}")
+        if release.patched and release.models() and TRITON_OPS_SET in release.applied_sets:
+            lines.append(f"  an explicit {AITER_UNIFIED} serves them only where the host's smoke test passed "
+                         f"{WINDOW_CHECK} (its record beside the guard: {SMOKE_PASSED})")
         lines += [f"  optional set {name} not applied: {reason.splitlines()[0]}"
                   for name, reason in release.refused_sets.items()]
         lines += [f"  {failure}" for failure in release.failures]
@@ -398,6 +423,23 @@ def prepare_release(version: str, catalog: Catalog, work_dir: Path, progress: Pr
     return release, {"version": version, "stock": str(tree), "patched": str(copy) if patched else None}
 
 
+def window_records(aiter_double: Path) -> dict[str, dict | str]:
+    """The sliding-window record each window order puts beside the guard (a str: bytes that do not parse), of the
+    AITER double's unified-attention file, which this writes: the node and triton are the runner's own."""
+    source = aiter_double / AITER_DOUBLE_FILE
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text("# Test double of AITER's Triton unified attention: the guard reads only its digest.\n")
+    passed = {"format": WINDOW_FORMAT, "check": WINDOW_CHECK, "status": "passed", "at": "2026-12-07T12:00:00Z",
+              "detail": "a stand-in record: no GPU ran it",
+              "aiter_files": {AITER_DOUBLE_FILE: hashlib.sha256(source.read_bytes()).hexdigest()}}
+    failed, other_aiter, other_node, unparseable = WINDOW_REFUSALS
+    return {SMOKE_PASSED: passed,
+            failed: {**passed, "status": "failed", "detail": "a stand-in record of a failed check"},
+            other_aiter: {**passed, "aiter_files": {AITER_DOUBLE_FILE: "0" * 64}},
+            other_node: {**passed, "node": "another-node"},
+            unparseable: '{"format": 1, "status": "passed"'}
+
+
 def releases(catalog: Catalog | None = None) -> tuple[str, ...]:
     """The coverage table's vLLM releases: every one from the floor to the newest on the index (releases/discovery.py),
     but those refused by name."""
@@ -421,8 +463,10 @@ def evaluate(versions: tuple[str, ...] | None = None, progress: Progress = lambd
         prepared = [prepare_release(version, catalog, Path(scratch) / version, progress) for version in versions]
         entries = [entry for _, entry in prepared]
         shares = [entries[index::workers] for index in range(min(workers, len(entries)))]
+        aiter_double = Path(scratch) / "aiter-double"
         spec = {"arches": list(ARCHES), "environment": ENVIRONMENT, "models": load_models(),
-                "bytecode_cache": str(cache_root() / "vllm-gates-bytecode")}
+                "bytecode_cache": str(cache_root() / "vllm-gates-bytecode"),
+                "window_records": window_records(aiter_double), "aiter_double": str(aiter_double)}
         progress(f"evaluating the gates of {len(entries)} releases in {len(shares)} runners")
         answers: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=workers) as pool:

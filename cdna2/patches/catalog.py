@@ -32,6 +32,7 @@ class Site:
     why: str
     invalidates: tuple[str, ...]
     match: str = matching.CODE
+    triton_op: str | None = None  # the in-code AITER Triton op it opens in vLLM, whose failed proof refuses the set
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ def _check_site_text(site: dict, where: str) -> None:
 def _site(raw: dict) -> Site:
     return Site(id=raw["id"], file=raw["file"], anchor=raw["anchor"], count=raw["count"],
                 replacement=raw["replacement"], marker=raw["marker"], why=raw["why"],
-                invalidates=tuple(raw.get("invalidates", ())), match=raw.get("match", matching.CODE))
+                invalidates=tuple(raw.get("invalidates", ())), match=raw.get("match", matching.CODE),
+                triton_op=raw.get("triton_op"))
 
 
 def _conditions(raw_variant: dict, key: str) -> tuple[Condition, ...]:

@@ -2,7 +2,8 @@
 digest) on the controller, from the committed proofs or the controller's cache where they hold it, else proven now
 on the host's sources, fetched once per digest. The aiter-triton-gfx90a set installs the committed configs
 (cdna2/data/triton-configs/): a host whose tree's proof does not derive exactly the files the set adds is refused
-for it, by name, before anything changes.
+for it, by name, before anything changes; so is a vLLM set one of whose sites opens an op whose kernels (their
+config chosen in code) failed that proof.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 
 from cdna2.cache import cache_lock, cache_root
 from cdna2.host.digests import triton_sources_digest
-from cdna2.patches.catalog import Variant
+from cdna2.patches.catalog import Catalog, Variant
+from cdna2.patches.planner import PackagePlan
 from cdna2.triton.proof import ProofError, known_proof, load_rules, prove
 from cdna2.triton.toolchain import triton_python
 
@@ -87,3 +89,20 @@ def adds_refusal(proof: dict, variant: Variant) -> str | None:
             f"{'; failed: ' + '; '.join(f'{f}: {r}' for f, r in failed.items()) if failed else ''}); "
             f"remove {SET} from the host's optional_patch_sets, or regenerate the committed proofs and configs for "
             f"this release ({REGENERATE}) and add them to the set")
+
+
+def opened_ops_refusal(host_name: str, proof: dict | None, catalog: Catalog, plan: PackagePlan | None) -> str | None:
+    """Why the vLLM sets ``plan`` (the host's vLLM patch plan) takes must not go on this host: a site of one opens an
+    AITER Triton op (its ``triton_op``) whose config AITER picks in code and whose kernels failed ``proof``, the
+    compile proof of the host's tree (None: no proof this run, nothing to refuse by)."""
+    if proof is None or plan is None:
+        return None
+    in_code = {op["name"] for op in load_rules()["in_code"]}
+    failed = {entry["op"]: entry["reason"] for entry in proof["entries"]
+              if entry["op"] in in_code and entry["status"] == "failed"}
+    refusals = [f"{name} (variant {variant.id}) site {site.id} opens AITER's Triton {site.triton_op}, whose kernels "
+                f"failed the compile proof of {host_name}'s AITER Triton tree {proof['tree_digest'][:12]} with triton "
+                f"{proof['triton']}: {failed[site.triton_op]}; remove {name} from {host_name}'s optional_patch_sets"
+                for name in plan.sets for variant in catalog.by_name(name).variants if variant.id == plan.variants[name]
+                for site in variant.sites if site.triton_op in failed]
+    return "; ".join(refusals) or None

@@ -152,14 +152,22 @@ class AiterDouble(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Test double of an installed amd-aiter: ``find_spec("aiter")`` finds it and ``import aiter.x.y`` works, but its
     compiled extensions cannot load without a GPU, so every name taken from it is an Unavailable marker."""
 
+    def __init__(self, directory: str | None = None) -> None:
+        # The package directory find_spec("aiter") names (None: none), where a test puts the AITER files that
+        # vllm-aiter-triton-ops' sliding-window record names by digest; nothing is imported from it.
+        self.directory = directory
+
     def find_spec(self, name: str, path, target=None):
         if name != "aiter" and not name.startswith("aiter."):
             return None
-        return importlib.util.spec_from_loader(name, self, is_package=True)
+        spec = importlib.util.spec_from_loader(name, self, is_package=True)
+        if name == "aiter" and self.directory:
+            spec.submodule_search_locations = [self.directory]
+        return spec
 
     def create_module(self, spec):
         module = types.ModuleType(spec.name, "Test double of amd-aiter (no GPU here).")
-        module.__path__ = []
+        module.__path__ = list(spec.submodule_search_locations or [])
 
         def unavailable(attribute: str):
             if attribute.startswith("__"):

@@ -2,7 +2,8 @@
 
 Usage, inside the torch-CPU venv (lab/torchvenv.py):  python runner.py < SPEC.json > RESULT.json
 SPEC: {"releases": [{"version": V, "stock": DIR, "patched": DIR or null}, ...], "arches": ["gfx90a", "gfx942"],
-"environment": {NAME: VALUE}, "bytecode_cache": DIR or null, "models": {NAME: HF config.json} (optional)};
+"environment": {NAME: VALUE}, "bytecode_cache": DIR or null, "models": {NAME: HF config.json} (optional),
+"window_records": {ORDER: record}, "aiter_double": DIR (optional: selection.py, loader.AiterDouble)};
 RESULT: {V: {"stock"|"patched": {arch: outcome}}}. With models, each outcome also holds "selection": the attention
 backend vLLM's own selector picks for each kind of layer of each model (selection.py).
 ``stock`` is an unpacked vLLM tree (site-packages layout); ``patched`` holds only the files the patch engine wrote
@@ -46,6 +47,7 @@ GATE_MODULES = {
 # Model config hooks that pick an attention backend themselves from a gate the sets open (vLLM 0.34 on).
 BACKEND_PINNING_CONFIGS = ("MuseGlimmerAttentionConfig",)
 FAST_FP8_ELIGIBLE = "_gfx90a_fast_fp8_eligible"  # added by the vllm-fast-fp8-dequant set
+UNIFIED_MODULE = "vllm.v1.attention.backends.rocm_aiter_unified_attn"  # its guard reads the sliding-window record
 
 
 
@@ -221,12 +223,14 @@ def _record_op_registrations(registered: list[str]) -> None:
 
 
 
-def run_configuration(roots: list[Path], arch: str, environment: dict[str, str], models: dict[str, dict]) -> dict:
-    """In a fresh process: vLLM from ``roots`` on a pretend ``arch``, and what its gates answer there."""
+def run_configuration(roots: list[Path], arch: str, environment: dict[str, str], models: dict[str, dict],
+                      window_records: dict[str, dict | str] | None = None, aiter_double: str | None = None) -> dict:
+    """In a fresh process: vLLM from ``roots`` on a pretend ``arch``, and what its gates answer there.
+    ``window_records``, ``aiter_double``: see selection.evaluate_selection and loader.AiterDouble."""
     sys.path.append(str(roots[-1]))  # the stock tree, for the dist-info only (vLLM reads its own version)
     os.environ.update(environment)
     os.environ["CDNA2_GATES_ARCH"] = arch
-    sys.meta_path[:0] = [TreeFinder(roots), AiterDouble()]
+    sys.meta_path[:0] = [TreeFinder(roots), AiterDouble(aiter_double)]
     registered: list[str] = []
     _record_op_registrations(registered)
     platform = importlib.import_module("vllm.platforms").current_platform
@@ -236,7 +240,12 @@ def run_configuration(roots: list[Path], arch: str, environment: dict[str, str],
     gates = evaluate_gates(registered, rocm_candidates(roots))
     result = {"arch": arch, "detected": detected, "gates": gates}
     if models:
-        result["selection"] = evaluate_selection(models)
+        # The record beside the guarded module is written only into a patched copy, never into the stock tree, and
+        # only read on gfx90a (on gfx942 the guard has nothing to decline: EXPLICIT_UNIFIED shows it).
+        guarded = Path(importlib.import_module(UNIFIED_MODULE).__file__).parent \
+            if window_records and arch == "gfx90a" else None
+        patched = guarded is not None and len(roots) > 1 and guarded.is_relative_to(roots[0])
+        result["selection"] = evaluate_selection(models, window_records if patched else None, guarded)
     outside = sorted(name for name in sys.modules if name.split(".")[0] not in ("vllm", "amdsmi", "aiter"))
     return {**result, "substitutions": SUBSTITUTIONS.to_json(), "modules_outside_vllm": outside}
 
@@ -297,7 +306,8 @@ def main() -> int:
         results[release["version"]] = {label: {} for label in trees}
         for label, roots in trees.items():
             for arch in spec["arches"]:
-                outcome = in_child(run_configuration, roots, arch, spec["environment"], spec.get("models") or {})
+                outcome = in_child(run_configuration, roots, arch, spec["environment"], spec.get("models") or {},
+                                   spec.get("window_records"), spec.get("aiter_double"))
                 if outcome["ok"]:
                     _preload(outcome["result"].pop("modules_outside_vllm"))
                 results[release["version"]][label][arch] = outcome

@@ -7,11 +7,13 @@ backend's validate_configuration are vLLM's code from the trees the runner loade
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import json
 import logging
 import os
 import types
+from pathlib import Path
 
 
 class ConfigDouble:
@@ -103,10 +105,33 @@ class WarningCapture(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def evaluate_selection(models: dict[str, dict]) -> dict:
+WINDOW_RECORD = "gfx90a_sliding_window_proof.json"  # cdna2/host/window_proof.py RECORD, beside the guarded module
+
+
+def _window_record(directory: Path, record: dict | str | None) -> None:
+    """Put the sliding-window record vllm-aiter-triton-ops' guard reads beside it (a str: these bytes, unparsed;
+    None: none). What the controller cannot know is this runner's: its node name and installed triton."""
+    path = directory / WINDOW_RECORD
+    path.unlink(missing_ok=True)
+    if isinstance(record, dict):
+        try:
+            triton = importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:
+            triton = None
+        record = json.dumps({"node": os.uname().nodename, "triton": triton, **record})
+    if record is not None:
+        path.write_text(record)
+
+
+def evaluate_selection(models: dict[str, dict], window_records: dict[str, dict | str] | None = None,
+                       guarded: Path | None = None) -> dict:
     """Per model: its layer kinds and, per order (and for --attention-backend ROCM_AITER_FA), the attention backend
     vLLM's selector picks for each kind, with the model's config current as during vLLM's model construction, and
-    the warnings vLLM logged meanwhile that name ROCM_AITER_FA."""
+    the warnings vLLM logged meanwhile that name ROCM_AITER_FA.
+
+    ``window_records``: per extra order, the sliding-window record (cdna2/host/window_proof.py) put in ``guarded``
+    (the directory of the patched ROCM_AITER_UNIFIED_ATTN module) while --attention-backend ROCM_AITER_UNIFIED_ATTN
+    is chosen; no record is there for the other orders."""
     import torch
 
     warnings = WarningCapture()
@@ -134,6 +159,11 @@ def evaluate_selection(models: dict[str, dict]) -> dict:
             for explicit, backend in EXPLICITS.items():
                 vllm_config.attention_config = config.AttentionConfig(backend=backend)
                 choices[explicit] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
+            vllm_config.attention_config = config.AttentionConfig(backend=AITER_UNIFIED)
+            for order, record in (window_records or {}).items():
+                _window_record(guarded, record)
+                choices[order] = {kind: _select(selector, head_size, dtype, kind == SLIDING) for kind in kinds}
+                _window_record(guarded, None)
         results[name] = {"layers": kinds, "head_size": head_size, "dtype": str(dtype).removeprefix("torch."),
                          "choices": choices, "warnings": [text for text in warnings.messages if AITER_FA in text]}
         warnings.messages.clear()

@@ -200,3 +200,19 @@ def test_explain_on_vllm_033_names_backend_and_kernels_for_gemma_and_llama():
     for layer in gemma["attention"]:
         assert any(gates.GUARD_REASON in line for line in layer["decided_by"]), layer["decided_by"]
     assert gemma["code_objects"] == []
+
+
+def test_a_sliding_model_names_why_unified_attention_declines_it_without_the_hosts_record():
+    refusal = {"refused": "Selected backend ... Reason: ['sliding-window attention (...) is served wrong by "
+                          "ROCM_AITER_FA on gfx90a (silent corruption): ...']"}
+    outcome = _outcome({"sliding": 40}, "ROCM_ATTN", refusal)
+    declined = {"refused": f"Selected backend ... Reason: ['{gates.UNIFIED_GUARD_REASON} unless this host's GPU smoke "
+                           f"test proved it on a sliding window (no record: ...)']"}
+    outcome["result"]["selection"]["models"]["m"]["choices"][gates.EXPLICIT_UNIFIED] = {"sliding": declined}
+    [layer] = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)["attention"]
+    assert f"{gates.AITER_UNIFIED} (--attention-backend) refused: {declined['refused']}" in layer["decided_by"]
+    # with the record of a passed smoke check the backend serves the model: nothing to say about a refusal
+    outcome["result"]["selection"]["models"]["m"]["choices"][gates.EXPLICIT_UNIFIED] = {
+        "sliding": {"backend": gates.AITER_UNIFIED}}
+    [layer] = explain.interpret(outcome, "m", _shape(), explain.SERVING_ENVIRONMENT)["attention"]
+    assert not any(gates.AITER_UNIFIED in line for line in layer["decided_by"])

@@ -213,6 +213,15 @@ def test_patched_gfx90a_never_selects_aiter_fa_for_a_model_with_a_sliding_window
     for model in SLIDING_MODELS:
         for kind, choice in _choices(release, model, "gfx90a", "patched", gates.EXPLICIT_UNIFIED).items():
             assert gates.UNIFIED_GUARD_REASON in choice.get("refused", ""), f"vLLM {version}: {model} {kind}: {choice}"
+            assert gates.NO_RECORD in choice["refused"]
+        # its exception: the record of this node's passed sliding-window smoke check beside the guard admits them;
+        # a failed check, another AITER file, another node or a record that does not parse is refused, saying so
+        passed = _choices(release, model, "gfx90a", "patched", gates.SMOKE_PASSED)
+        assert passed and all(choice == {"backend": gates.AITER_UNIFIED} for choice in passed.values()), \
+            f"vLLM {version}: {model}: {passed}"
+        for order, named in gates.WINDOW_REFUSALS.items():
+            for kind, choice in _choices(release, model, "gfx90a", "patched", order).items():
+                assert named in choice.get("refused", ""), f"vLLM {version}: {model} {order} {kind}: {choice}"
     for model in (FULL_MODEL, *SLIDING_MODELS):
         for order in (gates.STOCK_ORDER, gates.EXPLICIT, gates.EXPLICIT_UNIFIED):
             assert _choices(release, model, "gfx942", "stock", order) == \
@@ -357,32 +366,57 @@ def test_selection_judge_names_each_broken_expectation(column, model, order, kin
 
 
 UNIFIED = {"backend": gates.AITER_UNIFIED}
-UNIFIED_GUARDED = {"refused": f"Selected backend is not valid. Reason: ['{gates.UNIFIED_GUARD_REASON}, as ...']"}
 
 
-def _unified_judged(full: dict, sliding: dict, gfx942_after: dict = UNIFIED) -> list[str]:
-    """The selection judge with the triton-ops set applied and explicit ROCM_AITER_UNIFIED_ATTN choices added."""
+def _unified_guarded(named: str) -> dict:
+    return {"refused": f"Selected backend is not valid. Reason: ['{gates.UNIFIED_GUARD_REASON} unless ... ({named} "
+                       f"...); as ROCM_AITER_FA is: ...']"}
+
+
+def _unified_judged(full: dict, sliding: dict | None = None, gfx942_after: dict = UNIFIED,
+                    proven: dict = UNIFIED) -> list[str]:
+    """The selection judge with the triton-ops set applied and explicit ROCM_AITER_UNIFIED_ATTN choices added: without
+    a record (``sliding``: default its refusal), and with each record the runner puts beside the guard in a patched
+    tree (``proven``: the passed one's choice for the sliding model; the others, their refusals)."""
     selection = _good_selection()
+    refusals = {gates.EXPLICIT_UNIFIED: gates.NO_RECORD, **gates.WINDOW_REFUSALS}
     for (tree, arch), models in selection.items():
-        patched_gfx90a = (tree, arch) == ("patched", "gfx90a")
-        models[FULL_MODEL][gates.EXPLICIT_UNIFIED] = {"full": full if patched_gfx90a else UNIFIED}
-        chosen = sliding if patched_gfx90a else gfx942_after if (tree, arch) == ("patched", "gfx942") else UNIFIED
-        models["hybrid"][gates.EXPLICIT_UNIFIED] = {"full": chosen, "sliding": chosen}
+        orders = [gates.EXPLICIT_UNIFIED, *gates.WINDOW_REFUSALS, gates.SMOKE_PASSED] \
+            if (tree, arch) == ("patched", "gfx90a") else [gates.EXPLICIT_UNIFIED]
+        for order in orders:
+            if (tree, arch) == ("patched", "gfx90a"):
+                chosen = proven if order == gates.SMOKE_PASSED else _unified_guarded(refusals[order])
+                if order == gates.EXPLICIT_UNIFIED and sliding is not None:
+                    chosen = sliding
+                models[FULL_MODEL][order] = {"full": full}
+            else:
+                chosen = gfx942_after if (tree, arch) == ("patched", "gfx942") else UNIFIED
+                models[FULL_MODEL][order] = {"full": UNIFIED}
+            models["hybrid"][order] = {"full": chosen, "sliding": chosen}
     release = gates.ReleaseGates("9.9.9", "apply", applied_sets=["vllm-attention-gate", gates.TRITON_OPS_SET],
                                  answers=_selected(selection))
     return gates.judge_selection(release)
 
 
 def test_selection_judge_wants_the_unified_attention_guard_where_the_triton_set_is_applied():
-    assert _unified_judged(UNIFIED, UNIFIED_GUARDED) == []
-    assert _unified_judged(UNIFIED, UNIFIED) == [
+    assert _unified_judged(UNIFIED) == []
+    assert _unified_judged(UNIFIED, sliding=UNIFIED) == [
         f"hybrid (sliding-window layers) on patched gfx90a ({gates.EXPLICIT_UNIFIED}), {kind} layers: "
-        f"{gates.AITER_UNIFIED}; expected the start-up refusal of its sliding-window guard" for kind in ("full", "sliding")]
-    assert _unified_judged(ROCM_ATTN, UNIFIED_GUARDED) == [
-        f"{FULL_MODEL} (full attention) on patched gfx90a ({gates.EXPLICIT_UNIFIED}), full layers: ROCM_ATTN; "
-        f"expected {gates.AITER_UNIFIED}"]
-    assert _unified_judged(UNIFIED, UNIFIED_GUARDED, gfx942_after=UNIFIED_GUARDED) == [
+        f"{gates.AITER_UNIFIED}; expected the start-up refusal of its sliding-window guard, naming 'no record'"
+        for kind in ("full", "sliding")]
+    # A refusal that does not say why (no record) is not the guard's.
+    assert len(_unified_judged(UNIFIED, sliding=_unified_guarded("something else"))) == 2
+    assert _unified_judged(ROCM_ATTN) == [
+        f"{FULL_MODEL} on patched gfx90a ({order}), full layers: ROCM_ATTN; expected {gates.AITER_UNIFIED}"
+        for order in (gates.EXPLICIT_UNIFIED, *gates.WINDOW_REFUSALS, gates.SMOKE_PASSED)]
+    assert _unified_judged(UNIFIED, gfx942_after=_unified_guarded(gates.NO_RECORD)) == [
         f"hybrid on gfx942 ({gates.EXPLICIT_UNIFIED}) changed: {gates.AITER_UNIFIED} stock, refused patched"]
+
+
+def test_selection_judge_wants_the_host_smoke_record_to_admit_sliding_window_models():
+    assert _unified_judged(UNIFIED, proven=_unified_guarded(gates.NO_RECORD)) == [
+        f"hybrid on patched gfx90a ({gates.SMOKE_PASSED}), {kind} layers: refused; expected {gates.AITER_UNIFIED}"
+        for kind in ("full", "sliding")]
 
 
 def test_selection_judge_wants_the_guard_logged():

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from cdna2.families import host_families
-from cdna2.host import digests, smoke, smoke_gpu, state
+from cdna2.host import digests, smoke, smoke_gpu, state, window_proof
+from cdna2.smoke_proof import TRITON_OPS_SET, WRITE_RECORD, window_record_action
 from lab import wheelhouse
 from tests.unit.operations.test_smoke_operation import recorded, run_smoke_op
 from tests.unit.smoke.conftest import (GFX90A, Host, code_object, make_agent, make_target_python,
@@ -331,3 +332,61 @@ def test_a_defect_in_one_family_withholds_it_alone_and_a_rerun_with_the_same_ver
         shutil.rmtree(lab.host.tree)
         shutil.copytree(saved / "gfx90a", lab.host.tree)
         shutil.copyfile(saved / "state.json", lab.host.state_dir / "state.json")
+
+
+def _run_on_lab(lab: Lab, command: str) -> dict:
+    """An issued cdna2.host.window_proof command, run by the lab's target python with the agent, in its state dir."""
+    arguments = shlex.split(command[command.index("cdna2.host.window_proof"):])[1:]
+    arguments[arguments.index("--state-dir") + 1] = str(lab.host.state_dir)
+    completed = subprocess.run(["env", f"PYTHONPATH={lab.agent}", str(lab.python), "-B", "-m",
+                                "cdna2.host.window_proof", *arguments], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    return json.loads(completed.stdout)
+
+
+def test_the_deploy_records_the_sliding_window_check_for_the_unified_attention_guard(
+        lab: Lab, correct_run, faulty_run) -> None:
+    """vllm-aiter-triton-ops' guard reads what the smoke operation records of triton_unified_attention_sliding_window:
+    a pass of this node's GPU for the AITER files and triton installed, then a failed run's outcome over it, and in a
+    shared environment nothing (its earlier record removed); the record is written through a transaction that
+    rollback reverts (its backup directory is gone with it)."""
+    record = lab.host.site / window_proof.RECORD
+    module = lab.host.site / "aiter" / "ops" / "triton" / "unified_attention.py"
+    module.write_text("# AITER's module; the double's aiter package answers the import\n")
+    assert not (lab.host.site / "vllm" / "v1").exists()  # the lab's vLLM has no backends: made here, removed after
+    record.parent.mkdir(parents=True)
+    backups = lab.host.state_dir / "backups" / window_proof.PLAN
+    try:
+        _, report = correct_run
+        state_, host, run_report = run_smoke_op(json.dumps(report), host_arch="gfx90a",
+                                                hsa_root=str(lab.host.tree.parent), window_record=WRITE_RECORD,
+                                                vllm_site_packages=str(lab.host.site))
+        assert host not in state_.failed_hosts
+        (write,) = issued(host, "window_proof")
+        assert _run_on_lab(lab, write)["changed"] == [window_proof.RECORD]
+        written = json.loads(record.read_text())
+        assert written["status"] == "passed" and written["node"] == os.uname().nodename
+        assert written["triton"] == "3.7.1"  # the pinned triton the target python finds
+        assert written["aiter_files"] == {"ops/triton/unified_attention.py": digests.file_sha256(module)}
+        assert any(note.startswith(f"sliding-window record: {window_proof.CHECK} passed on this host's GPU")
+                   for note in run_report.host("@fake/a").notes)
+        # A later run whose sliding-window case is wrong fails the host and rewrites the record with that outcome.
+        _, faulty, _ = faulty_run
+        state_, host, _ = run_smoke_op(json.dumps(faulty), host_arch="gfx90a", hsa_root=str(lab.host.tree.parent),
+                                       window_record=WRITE_RECORD, vllm_site_packages=str(lab.host.site))
+        assert host in state_.failed_hosts
+        (rewrite,) = issued(host, "window_proof")
+        _run_on_lab(lab, rewrite)
+        assert json.loads(record.read_text())["status"] == "wrong"
+        # In a shared environment (and without the set) the writer removes it: nothing is admitted there.
+        state_, host, _ = run_smoke_op(json.dumps(report), host_arch="gfx90a", hsa_root=str(lab.host.tree.parent),
+                                       window_record=window_record_action({"vllm": [TRITON_OPS_SET]}, True, True),
+                                       vllm_site_packages=str(lab.host.site))
+        (removal,) = issued(host, "window_proof")
+        assert " remove " in removal
+        assert _run_on_lab(lab, removal)["changed"] == [window_proof.RECORD]
+        assert not record.exists() and not backups.exists()
+    finally:
+        shutil.rmtree(lab.host.site / "vllm" / "v1")
+        shutil.rmtree(backups, ignore_errors=True)
+        module.unlink()

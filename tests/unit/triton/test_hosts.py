@@ -13,9 +13,11 @@ import pytest
 
 from cdna2.patches import PatchDataError, load_catalog
 from cdna2.patches.catalog import _check_references
+from cdna2.patches.planner import PackagePlan
 from cdna2.triton import proof
 from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.hosts import REGENERATE, SET, adds_refusal, fetched_tree, proven_tree, triton_after
+from cdna2.triton.hosts import (REGENERATE, SET, adds_refusal, fetched_tree, opened_ops_refusal, proven_tree,
+                                 triton_after)
 from releases import triton_proofs
 
 RELEASE_017 = triton_proofs.TREES[0][0]
@@ -87,3 +89,39 @@ def test_only_an_optional_set_may_require_an_optional_set_of_another_package():
     with pytest.raises(PatchDataError, match=rf"\$.requires\[0\]: '{SET}' patches amd-aiter, not vllm: only an "
                                              "optional set"):
         _check_references(sets)
+
+
+def vllm_set_plan():
+    """The vLLM plan a host with vllm-aiter-triton-ops takes (the sites' text is not read here: the plan's sets)."""
+    (variant,) = load_catalog().by_name("vllm-aiter-triton-ops").variants
+    return PackagePlan(package="vllm", installed_version="0.34.0", status="apply", sets=["vllm-aiter-triton-ops"],
+                       variants={"vllm-aiter-triton-ops": variant.id})
+
+
+def test_every_site_naming_a_triton_op_names_an_op_the_proof_proves_in_code():
+    in_code = {op["name"] for op in proof.load_rules()["in_code"]}
+    named = {site.id: site.triton_op for patch_set in load_catalog().sets for variant in patch_set.variants
+             for site in variant.sites if site.triton_op}
+    assert named == {"triton-rope-gate": "rope", "unified-attention-candidate": "unified_attention",
+                     "unified-attention-sliding-window-guard": "unified_attention"}
+    assert set(named.values()) <= in_code
+
+
+def test_the_vllm_set_is_refused_per_site_where_the_proof_failed_an_op_it_opens():
+    catalog, plan = load_catalog(), vllm_set_plan()
+    found = committed_017()
+    assert opened_ops_refusal("mi210-a", found, catalog, plan) is None  # unified attention proven there
+    failed = {**found, "entries": [dict(entry, status="failed", reason="2d prefill hd128 bs16: LDS 73728 B > 65536 B")
+                                   if entry["op"] == "unified_attention" else entry for entry in found["entries"]]}
+    refusal = opened_ops_refusal("mi210-a", failed, catalog, plan)
+    sites = [part.split(" site ")[1].split(" ")[0] for part in refusal.split("; remove ")[:-1]]
+    assert sites == ["unified-attention-candidate", "unified-attention-sliding-window-guard"]
+    assert refusal.count("opens AITER's Triton unified_attention, whose kernels failed the compile proof of "
+                         f"mi210-a's AITER Triton tree {found['tree_digest'][:12]}") == 2
+    assert "LDS 73728 B > 65536 B" in refusal
+    assert refusal.endswith("remove vllm-aiter-triton-ops from mi210-a's optional_patch_sets")
+    # A failed op no site opens (a config file's), and no proof this run, refuse nothing.
+    gemm_failed = {**found, "entries": [dict(entry, status="failed") if entry["file"].endswith(".json") else entry
+                                        for entry in found["entries"]]}
+    assert opened_ops_refusal("mi210-a", gemm_failed, catalog, plan) is None
+    assert opened_ops_refusal("mi210-a", None, catalog, plan) is None
