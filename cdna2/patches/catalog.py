@@ -33,6 +33,9 @@ class Site:
     invalidates: tuple[str, ...]
     match: str = matching.CODE
     triton_op: str | None = None  # the in-code AITER Triton op it opens in vLLM, whose failed proof refuses the set
+    # What released versions of this tool wrote here before: found instead of the replacement, it is read as the
+    # anchor, so the next deploy rewrites the site (the first, pristine original stays the one kept for rollback).
+    earlier_replacements: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -137,13 +140,17 @@ def _check_site_text(site: dict, where: str) -> None:
         if [line.key for line in anchor_code] == [line.key for line in matching.code_lines(replacement, lang, True)]:
             raise PatchDataError(f"{where}.replacement: differs from the anchor only in comments or blank lines, so "
                                  f"pristine code would read as patched")
+    for index, earlier in enumerate(site.get("earlier_replacements", ())):
+        if any(matching.count_in_fragment(text, earlier, site["file"], mode) for text in (replacement, anchor)):
+            raise PatchDataError(f"{where}.earlier_replacements[{index}]: occurs in the replacement or the anchor, so "
+                                 "patched or pristine text would read as an earlier version's")
 
 
 def _site(raw: dict) -> Site:
     return Site(id=raw["id"], file=raw["file"], anchor=raw["anchor"], count=raw["count"],
                 replacement=raw["replacement"], marker=raw["marker"], why=raw["why"],
                 invalidates=tuple(raw.get("invalidates", ())), match=raw.get("match", matching.CODE),
-                triton_op=raw.get("triton_op"))
+                triton_op=raw.get("triton_op"), earlier_replacements=tuple(raw.get("earlier_replacements", ())))
 
 
 def _conditions(raw_variant: dict, key: str) -> tuple[Condition, ...]:

@@ -335,8 +335,34 @@ def _unified_diff(path: str, old: str, new: str) -> str:
                                         fromfile=f"a/{path}", tofile=f"b/{path}"))
 
 
+def _earlier_undone(patch_sets: list[PatchSet], texts: dict[str, str | None]) -> tuple[dict[str, str | None],
+                                                                                      list[str]]:
+    """``texts`` with each site an earlier released version of this tool wrote (a site's ``earlier_replacements``,
+    found in full where the replacement is not) read back as its anchor, so the plan rewrites it; and a note each."""
+    texts, notes = dict(texts), []
+    for patch_set in patch_sets:
+        for variant in patch_set.variants:
+            for site in variant.sites:
+                text = texts[site.file]
+                if text is None or matching.count(text, site.replacement, site.file, site.match):
+                    continue
+                for earlier in site.earlier_replacements:
+                    if matching.count(text, earlier, site.file, site.match) == site.count:
+                        try:
+                            texts[site.file] = matching.splice(text, earlier, site.anchor, site.file, site.match)
+                        except matching.SpliceError:
+                            continue  # not cleanly ours: judged as the installed text stands
+                        notes.append(f"{site.file}: site {site.id} of set {patch_set.name} holds what an earlier "
+                                     "version of this tool wrote: rewritten with the current replacement")
+                        break
+    return texts, notes
+
+
 def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: dict[str, str | None],
-                record: Mapping[str, str], checkout: str | None) -> tuple[list[FileChange], list[str]]:
+                installed: dict[str, str | None], record: Mapping[str, str],
+                checkout: str | None) -> tuple[list[FileChange], list[str]]:
+    """The file changes of ``chosen``; ``texts`` are the files with earlier versions' sites read as anchors,
+    ``installed`` the files as they are (what the transaction verifies and replaces)."""
     by_file: dict[str, list[tuple[Site, SiteState]]] = {}
     for _, variant, states in chosen:
         for site, state in zip(variant.sites, states):
@@ -352,10 +378,10 @@ def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: 
             raise _Refusal(f"{path}: absent, yet a variant with a site in it was chosen")
         _proven_original(path, text, by_file[path], record, checkout)
         new_text = _patched_text(path, text, by_file[path])
-        if new_text != text:
-            old_bytes, new_bytes = text.encode("utf-8"), new_text.encode("utf-8")
+        if new_text != installed[path]:
+            old_bytes, new_bytes = installed[path].encode("utf-8"), new_text.encode("utf-8")
             changes.append(FileChange(path, sha256_hex(old_bytes), new_bytes, sha256_hex(new_bytes),
-                                      _unified_diff(path, text, new_text)))
+                                      _unified_diff(path, installed[path], new_text)))
             invalidations.update(pattern for site, _ in by_file[path] for pattern in site.invalidates)
     return sorted(changes, key=lambda change: change.path), sorted(invalidations)
 
@@ -377,7 +403,8 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
     selected = _selected_sets(catalog, package, enabled_optional)
     try:
         _check_dependencies(catalog, selected)
-        texts = {path: _decode(files, path) for path in catalog.target_files(package)}
+        installed = {path: _decode(files, path) for path in catalog.target_files(package)}
+        texts, upgrades = _earlier_undone(selected, installed)
         candidates, failures = [], []
         for patch_set in selected:
             try:
@@ -403,7 +430,8 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
                 plan.reasons.insert(0, f"{package} {installed_version}: no site of any patch set is present in "
                                        f"either form; no set was written for this text")
             return plan
-        plan.changes, plan.jit_invalidations = _plan_files(chosen, texts, record, checkout)
+        plan.changes, plan.jit_invalidations = _plan_files(chosen, texts, installed, record, checkout)
+        plan.notes.extend(upgrades)
     except _Refusal as refusal:
         plan.reasons.append(str(refusal))
         return plan

@@ -57,6 +57,21 @@ def test_dependency_on_unknown_set_is_rejected(tmp_path):
         load_catalog(directory)
 
 
+def test_an_earlier_replacement_inside_the_current_one_is_rejected(tmp_path):
+    """An earlier release's text found inside today's replacement would make every patched file read as the earlier
+    release's, rewritten on every deploy."""
+    directory = _copy_data(tmp_path)
+
+    def earlier_inside(document):
+        site = document["variants"][0]["sites"][0]
+        site["earlier_replacements"] = [site["replacement"]]
+
+    _edit(directory / "vllm-prefer-aiter-fa.yaml", earlier_inside)
+    with pytest.raises(PatchDataError, match=r"\$.variants\[0\].sites\[0\].earlier_replacements\[0\]: occurs in the "
+                                             r"replacement or the anchor"):
+        load_catalog(directory)
+
+
 def test_marker_must_be_inside_the_replacement(tmp_path):
     directory = _copy_data(tmp_path)
     _edit(directory / "vllm-prefer-aiter-fa.yaml",
