@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from cdna2.triton import proof, recipes
+from cdna2.triton import proof
 from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.hosts import REGENERATE
 from cdna2.triton.toolchain import triton_python
@@ -52,8 +52,8 @@ SAMPLED = (("0.1.7.post2.dev18", None), ("0.1.20.post1", "v0.1.20.post1"))
 
 def sample_requests(found: dict) -> tuple[list[dict], dict[str, dict]]:
     """One config per proven op of ``found`` (the one stepped down furthest; an in-code op's first call) on the first
-    path its recipe compiles, called as the proof calls it: the key below the op's sections, the host's inputs (every
-    path of every config is the whole proof's, read by the test below)."""
+    path its recipe compiles, called as the proof calls it (proof.config_compiles; every path of every config is the
+    whole proof's, read by the test below)."""
     rules = proof.load_rules()
     ops = {op["name"]: op for op in rules["ops"] + rules["in_code"]}
     profile = rules["hosts"][found["host"]]
@@ -63,9 +63,7 @@ def sample_requests(found: dict) -> tuple[list[dict], dict[str, dict]]:
             continue
         op = ops[entry["op"]]
         config = max(entry["configs"], key=lambda config: len(config["stepped_down"]))
-        key = config["key"].split(".", 1)[1] if op.get("sections") else config["key"]
-        inputs = {name: profile[value] for name, value in op.get("host_inputs", {}).items()}
-        path, request = recipes.RECIPES[op["recipe"]](config["config"], key, proof._shape(entry["file"]), **inputs)[0]
+        path, request = proof.config_compiles(op, config["config"], config["key"], entry["file"], profile)[0]
         identifier = f"{entry['op']}|{config['key']}|{path}"
         requests.append({**request, "id": identifier, "arch": "gfx90a"})
         expected[identifier] = config["paths"][path]
