@@ -259,6 +259,16 @@ LOOKUPS = (
     # GMM's: (variant, M, K, N, G)
     {"id": "gmm", "function": "get_config", "args": ["gmm", 4096, 4096, 4096, 8],
      "modules": ["aiter.ops.triton._triton_kernels.gmm"]},
+    # conv's (0.1.18 on): each kernel module's _get_config(shape_key, M) reads its own file (utils/conv_config_utils:
+    # exact shape, else M_LEQ_ bucket, else any); M = 56 * 56, the recipes' layer
+    *({"id": f"conv {name}", "function": function, "kwargs": {"M": 3136},
+       "modules": [f"aiter.ops.triton._triton_kernels.conv.{module}"]}
+      for name, module, function in (
+          ("CONV-1X1", "conv_1x1", "_get_config"), ("CONV-3X3-NHWC", "conv_3x3", "_get_config_nhwc"),
+          ("CONV-3X3-CBLOCKED", "conv_3x3", "_get_config_cblocked"), ("CONV-GENERAL", "conv_general", "_get_config"),
+          ("CONV-WINO-F4X3-GEMM", "conv_3x3_winograd_f4x3", "_get_config_gemm"),
+          ("CONV-WINO-F4X3-INPUT", "conv_3x3_winograd_f4x3", "_get_config_input"),
+          ("CONV-WINO-F4X3-OUTPUT", "conv_3x3_winograd_f4x3", "_get_config_output"))),
 )
 
 
