@@ -9,9 +9,10 @@ import json
 
 import pytest
 
+from cdna2.patches import load_catalog
 from cdna2.triton import proof
 from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.hosts import REGENERATE
+from cdna2.triton.hosts import REGENERATE, SET, adds_refusal
 from cdna2.triton.toolchain import triton_python
 from releases import coverage, triton_proofs
 
@@ -38,6 +39,20 @@ def test_the_committed_configs_are_the_committed_proofs_files():
     derived = triton_proofs.config_files(committed())
     assert derived and all(derived.values())
     assert shipped == derived, f"regenerate with `{REGENERATE}`"
+
+
+# committed proof -> the set's variants of the releases its tree stands for (v0.1.19.post2: 0.1.18 to 0.1.19.post2,
+# whose Triton kernels and gfx942 files of the added configs are the same)
+VARIANTS = {"0.1.7.post2.dev18": ["0.1.7"], "0.1.16": ["0.1.16"], "0.1.19.post2": ["0.1.18", "0.1.19"],
+            "0.1.20.post1": ["0.1.20-main"], "main": ["0.1.20-main"]}
+
+
+def test_each_committed_proof_derives_every_file_its_variants_add_as_the_deploy_checks():
+    variants = {variant.id: variant for variant in load_catalog().by_name(SET).variants}
+    assert set(VARIANTS) == {release for release, _, _ in triton_proofs.TREES}
+    for release, found in committed().items():
+        for name in VARIANTS[release]:
+            assert variants[name].adds and adds_refusal(found, variants[name]) is None, (release, name)
 
 
 def test_the_017_tree_is_the_committed_one_and_its_proof_is_read_not_compiled(aiter_017_tree):
