@@ -1,8 +1,8 @@
 """``python -m releases triton-proofs``: regenerate every committed Triton compile proof and the configs it derives.
 
-For each AITER tree the tool serves (the 0.1.7 wheel's, and the v0.1.16, v0.1.20.post1 and main trees from
-``$CDNA2_AITER_GIT``): the whole-tree proof with the rules and recipes of this checkout (cdna2.triton.proof; a
-tree already proven with them is taken from the controller's cache), written to
+For each AITER tree the tool serves (the 0.1.7 wheel's, and the v0.1.16, v0.1.19.post2, v0.1.20.post1 and main
+trees from ``$CDNA2_AITER_GIT``): the whole-tree proof with the rules and recipes of this checkout
+(cdna2.triton.proof; a tree already proven with them is taken from the controller's cache), written to
 ``cdna2/data/triton-proofs/<release>.json``; then each config directory under ``cdna2/data/triton-configs/`` is
 rewritten with the union of the files its trees derived. Two trees of one directory that derive different bytes
 for the same file are an error: that directory needs a variant of its own. The aiter-triton-gfx90a set's ``adds``
@@ -28,9 +28,12 @@ CONFIGS = COMMITTED.parent / "triton-configs"
 # (release: the proof's file name, config directory its derived files go to, the tree: a git ref, or None for the
 # PyPI wheel)
 # v0.1.16's batched GEMM kernel takes no NUM_KSPLIT, so its configs have a directory of their own; v0.1.17 to main
-# derive the same bytes (the set's variants 0.1.17-0.1.18, 0.1.19 and 0.1.20-main read 0.1.17-main).
+# derive the same bytes (the set's variants 0.1.17, 0.1.18, 0.1.19 and 0.1.20-main read 0.1.17-main). v0.1.19.post2
+# stands for 0.1.18 to 0.1.19.post2 (the same conv kernels and gfx942 conv files; v0.1.18 and v0.1.19 differ from it
+# in import order only): its proof shows they derive 0.1.17-main's bytes, and a host on it needs no compile.
 TREES = (("0.1.7.post2.dev18", "0.1.7", None), ("0.1.16", "0.1.16", "v0.1.16"),
-         ("0.1.20.post1", "0.1.17-main", "v0.1.20.post1"), ("main", "0.1.17-main", "main"))
+         ("0.1.19.post2", "0.1.17-main", "v0.1.19.post2"), ("0.1.20.post1", "0.1.17-main", "v0.1.20.post1"),
+         ("main", "0.1.17-main", "main"))
 
 
 class RegenerateError(RuntimeError):

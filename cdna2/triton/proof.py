@@ -259,6 +259,16 @@ LOOKUPS = (
     # GMM's: (variant, M, K, N, G)
     {"id": "gmm", "function": "get_config", "args": ["gmm", 4096, 4096, 4096, 8],
      "modules": ["aiter.ops.triton._triton_kernels.gmm"]},
+    # conv's (0.1.18 on): each kernel module's _get_config(shape_key, M) reads its own file (utils/conv_config_utils:
+    # exact shape, else M_LEQ_ bucket, else any); M = 56 * 56, the recipes' layer
+    *({"id": f"conv {name}", "function": function, "kwargs": {"M": 3136},
+       "modules": [f"aiter.ops.triton._triton_kernels.conv.{module}"]}
+      for name, module, function in (
+          ("CONV-1X1", "conv_1x1", "_get_config"), ("CONV-3X3-NHWC", "conv_3x3", "_get_config_nhwc"),
+          ("CONV-3X3-CBLOCKED", "conv_3x3", "_get_config_cblocked"), ("CONV-GENERAL", "conv_general", "_get_config"),
+          ("CONV-WINO-F4X3-GEMM", "conv_3x3_winograd_f4x3", "_get_config_gemm"),
+          ("CONV-WINO-F4X3-INPUT", "conv_3x3_winograd_f4x3", "_get_config_input"),
+          ("CONV-WINO-F4X3-OUTPUT", "conv_3x3_winograd_f4x3", "_get_config_output"))),
 )
 
 
@@ -292,6 +302,16 @@ def _step_down(proof: ConfigProof, op: dict) -> bool:
     return False
 
 
+def config_compiles(op: dict, config: dict, key: str, file: str, profile: dict) -> list[recipes.sizes.Path]:
+    """The compiles that prove one ``config`` (at dotted ``key``) of ``file`` for ``op`` of the rules: its recipe
+    called as AITER's wrapper launches it, with the key below the op's sections and the host ``profile``'s values
+    the wrapper reads from the device. ``[(path, worker request)]``, one per code path."""
+    inputs = {name: profile[value] for name, value in op.get("host_inputs", {}).items()}
+    # the key below the op's sections: a bucket ("M_LEQ_64", "default") or a path ("N16.small")
+    below = key.split(".", 1)[1] if op.get("sections") else key
+    return recipes.RECIPES[op["recipe"]](config, below, _shape(file), **inputs)
+
+
 def prove_files(site_packages: Path, triton_version: str, host: str, progress=lambda line: None) -> list[FileProof]:
     rules = load_rules()
     configs = site_packages / CONFIGS
@@ -319,11 +339,7 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
             break
         requests, owners = [], {}
         for index, (proof, config) in enumerate(pending):
-            recipe = recipes.RECIPES[ops[proof.op]["recipe"]]
-            inputs = {name: profile[value] for name, value in ops[proof.op].get("host_inputs", {}).items()}
-            # the config's key below the op's sections: a bucket ("M_LEQ_64", "default") or a path ("N16.small")
-            key = config.key.split(".", 1)[1] if ops[proof.op].get("sections") else config.key
-            for path, request in recipe(config.config, key, _shape(proof.file), **inputs):
+            for path, request in config_compiles(ops[proof.op], config.config, config.key, proof.file, profile):
                 for arch in ["gfx90a", "gfx942"] if first else ["gfx90a"]:
                     identifier = f"{index}|{arch}|{path}"
                     requests.append({**request, "id": identifier, "arch": arch})

@@ -1,13 +1,17 @@
-"""AITER's 2-D convolutions (``aiter/ops/triton/conv/``, v0.1.20 on): how ``conv/_launch.py`` launches each kernel
+"""AITER's 2-D convolutions (``aiter/ops/triton/conv/``, v0.1.18 on): how ``conv/_launch.py`` launches each kernel
 from one config of a ``conv/{arch}-CONV-*.json`` file (``utils/conv_config_utils.get_conv_config``: an exact shape,
 else an ``M_LEQ_`` bucket, else ``any``).
 
 Read from v0.1.20.post1's ``conv/conv2d.py`` (routes), ``conv/_launch.py`` (launches), ``conv/_prepack.py`` and
-``conv/_utils.py`` (paddings): inputs are bf16 or fp16 only; the bias is cast to fp32; channels (and the flattened
-C*R*S of the general kernel) are padded to 64, the channel block of the blocked layout is 64; Winograd F(4,3) tiles
-the output 4x4 (T = N * ceil(P/4) * ceil(Q/4) tiles), its transformed input is bf16 and its GEMM output fp32.
-Every kernel takes the image sizes as constexprs, so the proof compiles one ResNet-like layer: 256 channels in and
-out, 56x56, batch 1 (the first wins of the Winograd route need C, K >= 512: its kernels are compiled at 512).
+``conv/_utils.py`` (paddings), and diffed against v0.1.18, v0.1.19 and v0.1.19.post2 (``git diff``): the kernels'
+arguments, constexprs and config keys are the same on all four (v0.1.18 and v0.1.19 differ from v0.1.19.post2 in
+import order and annotations only; v0.1.20 adds RDNA3 entries to the autotune lists and reads the file through
+``utils/core.load_config_json``), and so are gfx942's seven conv files, so one recipe serves them. Inputs are bf16
+or fp16 only; the bias is cast to fp32; channels (and the flattened C*R*S of the general kernel) are padded to 64,
+the channel block of the blocked layout is 64; Winograd F(4,3) tiles the output 4x4 (T = N * ceil(P/4) * ceil(Q/4)
+tiles), its transformed input is bf16 and its GEMM output fp32. Every kernel takes the image sizes as constexprs, so
+the proof compiles one ResNet-like layer: 256 channels in and out, 56x56, batch 1 (the first wins of the Winograd
+route need C, K >= 512: its kernels are compiled at 512).
 """
 
 from __future__ import annotations

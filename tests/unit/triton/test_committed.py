@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from cdna2.triton import proof, recipes
+from cdna2.patches import load_catalog
+from cdna2.triton import proof
 from cdna2.triton.cli import DEFAULT_TRITON
-from cdna2.triton.hosts import REGENERATE
+from cdna2.triton.hosts import REGENERATE, SET, adds_refusal
 from cdna2.triton.toolchain import triton_python
 from releases import coverage, triton_proofs
 
@@ -40,6 +41,20 @@ def test_the_committed_configs_are_the_committed_proofs_files():
     assert shipped == derived, f"regenerate with `{REGENERATE}`"
 
 
+# committed proof -> the set's variants of the releases its tree stands for (v0.1.19.post2: 0.1.18 to 0.1.19.post2,
+# whose Triton kernels and gfx942 files of the added configs are the same)
+VARIANTS = {"0.1.7.post2.dev18": ["0.1.7"], "0.1.16": ["0.1.16"], "0.1.19.post2": ["0.1.18", "0.1.19"],
+            "0.1.20.post1": ["0.1.20-main"], "main": ["0.1.20-main"]}
+
+
+def test_each_committed_proof_derives_every_file_its_variants_add_as_the_deploy_checks():
+    variants = {variant.id: variant for variant in load_catalog().by_name(SET).variants}
+    assert set(VARIANTS) == {release for release, _, _ in triton_proofs.TREES}
+    for release, found in committed().items():
+        for name in VARIANTS[release]:
+            assert variants[name].adds and adds_refusal(found, variants[name]) is None, (release, name)
+
+
 def test_the_017_tree_is_the_committed_one_and_its_proof_is_read_not_compiled(aiter_017_tree):
     release = triton_proofs.TREES[0][0]
     assert proof.tree_digest(aiter_017_tree) == committed()[release]["tree_digest"]
@@ -52,8 +67,8 @@ SAMPLED = (("0.1.7.post2.dev18", None), ("0.1.20.post1", "v0.1.20.post1"))
 
 def sample_requests(found: dict) -> tuple[list[dict], dict[str, dict]]:
     """One config per proven op of ``found`` (the one stepped down furthest; an in-code op's first call) on the first
-    path its recipe compiles, called as the proof calls it: the key below the op's sections, the host's inputs (every
-    path of every config is the whole proof's, read by the test below)."""
+    path its recipe compiles, called as the proof calls it (proof.config_compiles; every path of every config is the
+    whole proof's, read by the test below)."""
     rules = proof.load_rules()
     ops = {op["name"]: op for op in rules["ops"] + rules["in_code"]}
     profile = rules["hosts"][found["host"]]
@@ -63,9 +78,7 @@ def sample_requests(found: dict) -> tuple[list[dict], dict[str, dict]]:
             continue
         op = ops[entry["op"]]
         config = max(entry["configs"], key=lambda config: len(config["stepped_down"]))
-        key = config["key"].split(".", 1)[1] if op.get("sections") else config["key"]
-        inputs = {name: profile[value] for name, value in op.get("host_inputs", {}).items()}
-        path, request = recipes.RECIPES[op["recipe"]](config["config"], key, proof._shape(entry["file"]), **inputs)[0]
+        path, request = proof.config_compiles(op, config["config"], config["key"], entry["file"], profile)[0]
         identifier = f"{entry['op']}|{config['key']}|{path}"
         requests.append({**request, "id": identifier, "arch": "gfx90a"})
         expected[identifier] = config["paths"][path]

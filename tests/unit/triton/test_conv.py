@@ -1,5 +1,5 @@
-"""AITER's conv2d kernels (v0.1.20 on) on gfx90a: the seven config files classified on the real v0.1.20.post1 tree,
-and what the committed v0.1.20.post1 proof found compiling every path of their configs for gfx90a."""
+"""AITER's conv2d kernels (v0.1.18 on) on gfx90a: the seven config files classified on the real v0.1.19.post2 and
+v0.1.20.post1 trees, and what their committed proofs found compiling every path of their configs for gfx90a."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ FILES = {"CONV-1X1": "conv_1x1", "CONV-3X3-NHWC": "conv_3x3_nhwc", "CONV-3X3-CBL
 NO_DOT = {"CONV-WINO-F4X3-INPUT", "CONV-WINO-F4X3-OUTPUT"}
 
 
-@pytest.fixture(scope="module")
-def tree(aiter_git_dir):
-    return coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1")
+RELEASES = ("0.1.19.post2", "0.1.20.post1")  # committed proofs; v0.1.19.post2 stands for 0.1.18 to 0.1.19.post2
 
 
 @pytest.mark.slow
-def test_every_conv_file_has_its_recipe(tree):
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_conv_file_has_its_recipe(release, aiter_git_dir):
+    tree = coverage.aiter_triton_tree(aiter_git_dir, f"v{release}")
     by_file = {entry.file: entry for entry in proof.classify(tree / proof.CONFIGS, proof.load_rules())}
     for name, recipe in FILES.items():
         entry = by_file[f"conv/gfx942-{name}.json"]
@@ -31,12 +31,13 @@ def test_every_conv_file_has_its_recipe(tree):
         assert next(op for op in proof.load_rules()["ops"] if op["name"] == entry.op)["recipe"] == recipe
 
 
-def test_every_conv_path_the_v0_1_20_post1_proof_compiled_fits_and_dots_where_the_kernel_does():
-    entries = committed_entries("0.1.20.post1", set(FILES.values()))
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_conv_path_the_committed_proofs_compiled_fits_and_dots_where_the_kernel_does(release):
+    entries = committed_entries(release, set(FILES.values()))
     assert len(entries) == len(FILES)
     for name, op in FILES.items():
         for config in entries[op]["configs"]:
             for path, result in config["paths"].items():
-                where = (name, config["key"], path)
+                where = (release, name, config["key"], path)
                 assert result["ok"] and result["lds_bytes"] <= LIMIT and result["vgpr_spills"] == 0, where
                 assert bool(result["mfma"]) == (name not in NO_DOT), where

@@ -1,6 +1,7 @@
 """AITER's own config lookups, run as on a gfx90a host, find the configs of every op the aiter-triton-gfx90a set gives
-one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing) on every AITER release
-once the set is applied, and fail by name without it (the MoE lookup falls back to a default written in code)."""
+one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing, conv from 0.1.18) on
+every AITER release once the set is applied, and fail by name without it (the MoE lookup falls back to a default
+written in code)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ ATTENTION = {"extend_attention": ("*-EXTEND_ATTENTION.json", "large_head_or_fp32
              "hstu_attn_bwd": ("hstu_attn/*-HSTU_ATTN_BWD.json", "large_batch")}
 GEMM_VARIANTS = ("batched_gemm_a16w16", "batched_gemm_a16w16 N=1024 K=4096", "gemm_a16w16_atomic",
                  "gemm_a16w16_gated", "ff_a16w16_fused", "gmm")
+CONV = [lookup["id"] for lookup in LOOKUPS if lookup["id"].startswith("conv ")]
+CONV_FROM = ["v0.1.18", "v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
 
 
 def _patched(catalog, tree, scratch):
@@ -74,7 +77,7 @@ def catalog():
 
 def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir, tmp_path):
     files = catalog.target_files("amd-aiter")
-    checked, specialised_found = [], []
+    checked, specialised_found, conv_found = [], [], []
     for release in _releases(aiter_git_dir):
         scratch = tmp_path / release
         if release == "0.1.7":
@@ -108,9 +111,18 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             expected = json.loads(specialised.read_text())["M_LEQ_64"]
             assert found["batched_gemm_a16w16 N=1024 K=4096"]["config"]["BLOCK_SIZE_N"] == expected["BLOCK_SIZE_N"]
             specialised_found.append(release)
+        # conv (M = 56 * 56): each kernel's lookup reads its own shipped gfx90a file (only "any"); none before 0.1.18
+        if (root / CONFIGS / "conv").is_dir():
+            for lookup in CONV:
+                shipped = json.loads((derived / "conv" / f"gfx90a-{lookup.split()[1]}.json").read_text())
+                assert found[lookup].get("config") == shipped["any"], (release, lookup, found[lookup])
+            conv_found.append(release)
+        else:
+            assert all(found[lookup]["error"].startswith("LookupError") for lookup in CONV), (release, found)
         checked.append(release)
     assert len(checked) == 16, checked
     assert specialised_found == ["v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
+    assert conv_found == CONV_FROM and len(CONV) == 7
 
 
 @pytest.mark.parametrize("release", ["0.1.7", "v0.1.19.post2", "v0.1.20.post1"])
@@ -121,10 +133,12 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     # MoE's lookup falls back to a default written in code from 0.1.16 on; every other one fails by name
     falls_back = {op for op in found if op.startswith("moe ")} if release != "0.1.7" else set()
     assert len(found) == len(LOOKUPS) and not any(found[op]["ok"] for op in set(found) - falls_back), found
+    absent = set(CONV) if release == "0.1.7" else set()  # conv comes with 0.1.18
+    assert all(found[op]["error"].startswith("LookupError") for op in absent), found
     # each fails by name: no file (FileNotFoundError; KeyError on 0.1.7's device name, or 'default' from the second
-    # call where the lookup bug is), or the GEMMs' and GMM's own assertion that the file exists
+    # call where the lookup bug is), or the GEMMs', GMM's and (up to 0.1.19) conv's own assertion that the file exists
     assert all(result["error"].startswith(("FileNotFoundError", "KeyError", "AssertionError"))
-               for op, result in found.items() if op not in falls_back), found
+               for op, result in found.items() if op not in falls_back | absent), found
     assert found["mha"]["error"].startswith(expected), found["mha"]
     if release == "0.1.7":
         assert found["moe bf16"]["error"].startswith("KeyError"), found
