@@ -260,8 +260,8 @@ LOOKUPS = (
     # GMM's: (variant, M, K, N, G)
     {"id": "gmm", "function": "get_config", "args": ["gmm", 4096, 4096, 4096, 8],
      "modules": ["aiter.ops.triton._triton_kernels.gmm"]},
-    # mHC (v0.1.16 on), M = 4096 tokens of a 7168-wide hidden state: the -C=4096 file's M_LEQ_4096 bucket
-    {"id": "mhc_fused_sinkhorn", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 7168],
+    # mHC (v0.1.16 on), M = 4096 tokens of a 2048-wide hidden state: the -C=1024 file's M_LEQ_4096 bucket
+    {"id": "mhc_fused_sinkhorn", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 2048],
      "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
     {"id": "mhc_post", "function": "get_mhc_post_config", "args": [4096, 7168],
      "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},

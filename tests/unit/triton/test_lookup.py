@@ -119,9 +119,9 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
         elif release.startswith("v0.1.16"):  # v0.1.16's mHC kernels (32-bit row offsets) have no files in the set
             assert len(gfx942_mhc) == 7 and not mhc_added, mhc_added
             assert not found["mhc_fused_sinkhorn"]["ok"] and not found["mhc_post"]["ok"], found
-        else:  # M = 4096 tokens, C = 7168: the -C=4096 file's M_LEQ_4096 bucket; mhc_post's "default"
-            assert len(gfx942_mhc) == 7 and len(mhc_added) == 7, mhc_added
-            expected = json.loads((derived / "gfx90a-MHC_FUSED_SINKHORN-C=4096.json").read_text())["M_LEQ_4096"]
+        else:  # M = 4096 tokens, C = 2048: the -C=1024 file's M_LEQ_4096 bucket; mhc_post's "default"
+            assert len(gfx942_mhc) == 7 and len(mhc_added) == 5, mhc_added  # not -C=4096, -C=32768: unproven
+            expected = json.loads((derived / "gfx90a-MHC_FUSED_SINKHORN-C=1024.json").read_text())["M_LEQ_4096"]
             assert found["mhc_fused_sinkhorn"]["config"] == expected, (release, found["mhc_fused_sinkhorn"])
             expected = json.loads((derived / "gfx90a-MHC_POST.json").read_text())["default"]
             assert found["mhc_post"]["config"] == expected, (release, found["mhc_post"])
@@ -152,6 +152,6 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     else:  # no file: get_optimal_moe_config's default in code, gfx942's large_M tiles, never compiled for gfx90a
         assert found["moe bf16"]["config"]["BLOCK_SIZE_N"] == 256, found
         # mHC's pre step reads gfx942's file unproven; its post step has no fallback
-        gfx942 = json.loads((tree / CONFIGS / "gfx942-MHC_FUSED_SINKHORN-C=4096.json").read_text())["M_LEQ_4096"]
+        gfx942 = json.loads((tree / CONFIGS / "gfx942-MHC_FUSED_SINKHORN-C=1024.json").read_text())["M_LEQ_4096"]
         assert found["mhc_fused_sinkhorn"]["config"] == gfx942, found["mhc_fused_sinkhorn"]
         assert found["mhc_post"]["error"].startswith("FileNotFoundError"), found["mhc_post"]
