@@ -13,7 +13,8 @@ from cdna2.triton.recipes import mhc
 from releases import coverage
 
 LIMIT = 65536
-FUSED = ["MHC_FUSED_SINKHORN", *(f"MHC_FUSED_SINKHORN-C={c}" for c in (128, 512, 1024, 4096, 32768))]
+FUSED = ["MHC_FUSED_SINKHORN", *(f"MHC_FUSED_SINKHORN-C={c}" for c in (128, 512, 1024))]
+LARGE_C = ["MHC_FUSED_SINKHORN-C=4096", "MHC_FUSED_SINKHORN-C=32768"]  # left unproven by the rules: compile cost
 RELEASES = ("0.1.16", "0.1.20.post1", "main")
 
 
@@ -54,6 +55,7 @@ def test_every_mhc_file_of_v0_1_16_has_its_recipe(aiter_git_dir):
         entry = by_file[f"gfx942-{name}.json"]
         assert entry.status == "pending" and entry.target == f"gfx90a-{name}.json", entry
         assert entry.op == ("mhc_post" if name == "MHC_POST" else "mhc_fused_sinkhorn"), entry
+    assert all(by_file[f"gfx942-{name}.json"].status == "unproven" for name in LARGE_C)
 
 
 @pytest.mark.parametrize("release", RELEASES)
