@@ -178,9 +178,10 @@ def _with_host(config: dict, rules: dict, host: str) -> dict:
     return replaced
 
 
-def _shape(relative: str) -> tuple[int, int] | None:
-    found = re.search(r"-N=(\d+)-K=(\d+)\.json$", relative)
-    return (int(found[1]), int(found[2])) if found else None
+def _shape(relative: str) -> tuple[int, ...] | None:
+    """The sizes a specialised file's name gives: (N, K) of a GEMM's ``-N=..-K=..``, (C,) of MHC's ``-C=..``."""
+    found = re.search(r"-N=(\d+)-K=(\d+)\.json$", relative) or re.search(r"-C=(\d+)\.json$", relative)
+    return tuple(int(size) for size in found.groups()) if found else None
 
 
 def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: str, progress,
@@ -269,6 +270,11 @@ LOOKUPS = (
           ("CONV-WINO-F4X3-GEMM", "conv_3x3_winograd_f4x3", "_get_config_gemm"),
           ("CONV-WINO-F4X3-INPUT", "conv_3x3_winograd_f4x3", "_get_config_input"),
           ("CONV-WINO-F4X3-OUTPUT", "conv_3x3_winograd_f4x3", "_get_config_output"))),
+    # mHC (v0.1.16 on), M = 4096 tokens of a 2048-wide hidden state: the -C=1024 file's M_LEQ_4096 bucket
+    {"id": "mhc_fused_sinkhorn", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 2048],
+     "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
+    {"id": "mhc_post", "function": "get_mhc_post_config", "args": [4096, 7168],
+     "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
 )
 
 

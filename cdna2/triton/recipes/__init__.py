@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cdna2.triton.recipes import attention, conv, gemm, moe, norm, rope, sizes, unified_attention
+from cdna2.triton.recipes import attention, conv, gemm, mhc, moe, norm, rope, sizes, unified_attention
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
-MODULES = (sizes, gemm, attention, moe, conv, unified_attention, rope, norm)
+MODULES = (sizes, gemm, attention, moe, conv, mhc, unified_attention, rope, norm)
 # A recipe is f(config, key, shape, **host_inputs): the keyword arguments are the values AITER's wrapper reads from
 # the device at run time, named by the op's host_inputs in the rules (the host's, never MI300X's).
 RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
@@ -29,6 +29,7 @@ RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
     "conv_1x1": conv.conv_1x1, "conv_3x3_nhwc": conv.conv_3x3_nhwc, "conv_3x3_cblocked": conv.conv_3x3_cblocked,
     "conv_general": conv.conv_general, "conv_winograd_gemm": conv.conv_winograd_gemm,
     "conv_winograd_input": conv.conv_winograd_input, "conv_winograd_output": conv.conv_winograd_output,
+    "mhc_fused_sinkhorn": mhc.mhc_fused_sinkhorn, "mhc_post": mhc.mhc_post,
     "unified_attention": unified_attention.unified_attention, "rope_cached_2c_inplace": rope.rope_cached_2c_inplace,
     "fused_add_rmsnorm_pad": norm.fused_add_rmsnorm_pad}
 # Ops whose wrapper chooses the config in code, per call: recipe name -> the calls vLLM makes, each with the config

@@ -1,7 +1,7 @@
 """AITER's own config lookups, run as on a gfx90a host, find the configs of every op the aiter-triton-gfx90a set gives
-one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing, conv from 0.1.18) on
-every AITER release once the set is applied, and fail by name without it (the MoE lookup falls back to a default
-written in code)."""
+one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing, conv from 0.1.18, mHC)
+on every AITER release once the set is applied, and fail by name without it (the MoE lookup falls back to a default
+written in code, mHC's pre step to gfx942's files)."""
 
 from __future__ import annotations
 
@@ -86,6 +86,10 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             tree = coverage.aiter_tree(aiter_git_dir, release, files)
             whole_tree = coverage.aiter_triton_tree(aiter_git_dir, release)
         root = _whole(whole_tree, _patched(catalog, tree, scratch), scratch)
+        # without gfx942's mHC files (AITER's fallback where the arch has none), only the gfx90a ones can answer
+        gfx942_mhc = sorted((root / CONFIGS).glob("gfx942-MHC_*.json"))
+        for path in gfx942_mhc:
+            path.unlink()
         found = look_up(root, DEFAULT_TRITON, "gfx90a")
         assert found["gemm_a16w16"]["ok"] and found["mha"]["ok"], (release, found)
         # M = 4096 reads the "any" bucket, stepped down for gfx90a: the derived config, not gfx942's
@@ -119,6 +123,15 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             conv_found.append(release)
         else:
             assert all(found[lookup]["error"].startswith("LookupError") for lookup in CONV), (release, found)
+        mhc_added = sorted((root / CONFIGS).glob("gfx90a-MHC_*.json"))
+        if release == "0.1.7":
+            assert not gfx942_mhc and found["mhc_post"]["error"].startswith("LookupError"), found["mhc_post"]
+        else:  # M = 4096 tokens, C = 2048: the -C=1024 file's M_LEQ_4096 bucket; mhc_post's "default"
+            assert len(gfx942_mhc) == 7 and len(mhc_added) == 5, mhc_added  # not -C=4096, -C=32768: unproven
+            expected = json.loads((derived / "gfx90a-MHC_FUSED_SINKHORN-C=1024.json").read_text())["M_LEQ_4096"]
+            assert found["mhc_fused_sinkhorn"]["config"] == expected, (release, found["mhc_fused_sinkhorn"])
+            expected = json.loads((derived / "gfx90a-MHC_POST.json").read_text())["default"]
+            assert found["mhc_post"]["config"] == expected, (release, found["mhc_post"])
         checked.append(release)
     assert len(checked) == 16, checked
     assert specialised_found == ["v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
@@ -130,11 +143,14 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     tree = aiter_017_tree if release == "0.1.7" else coverage.aiter_triton_tree(aiter_git_dir, release)
     found = look_up(tree, DEFAULT_TRITON, "gfx90a")
     expected = "KeyError" if release == "0.1.7" else "FileNotFoundError"  # 0.1.7: no gfx90a device name
-    # MoE's lookup falls back to a default written in code from 0.1.16 on; every other one fails by name
-    falls_back = {op for op in found if op.startswith("moe ")} if release != "0.1.7" else set()
+    # MoE's lookup falls back to a default written in code from 0.1.16 on, mHC's to gfx942's files (0.1.7 has no
+    # mHC: its lookups find no module); every other one fails by name
+    falls_back = {op for op in found if op.startswith("moe ")} | {"mhc_fused_sinkhorn"} if release != "0.1.7" else set()
+    absent = {"mhc_fused_sinkhorn", "mhc_post"} if release == "0.1.7" else set()
     assert len(found) == len(LOOKUPS) and not any(found[op]["ok"] for op in set(found) - falls_back), found
-    absent = set(CONV) if release == "0.1.7" else set()  # conv comes with 0.1.18
+    absent |= set(CONV) if release == "0.1.7" else set()  # conv comes with 0.1.18
     assert all(found[op]["error"].startswith("LookupError") for op in absent), found
+    falls_back |= absent
     # each fails by name: no file (FileNotFoundError; KeyError on 0.1.7's device name, or 'default' from the second
     # call where the lookup bug is), or the GEMMs', GMM's and (up to 0.1.19) conv's own assertion that the file exists
     assert all(result["error"].startswith(("FileNotFoundError", "KeyError", "AssertionError"))
@@ -144,3 +160,7 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
         assert found["moe bf16"]["error"].startswith("KeyError"), found
     else:  # no file: get_optimal_moe_config's default in code, gfx942's large_M tiles, never compiled for gfx90a
         assert found["moe bf16"]["config"]["BLOCK_SIZE_N"] == 256, found
+        # mHC's pre step reads gfx942's file unproven; its post step has no fallback
+        gfx942 = json.loads((tree / CONFIGS / "gfx942-MHC_FUSED_SINKHORN-C=1024.json").read_text())["M_LEQ_4096"]
+        assert found["mhc_fused_sinkhorn"]["config"] == gfx942, found["mhc_fused_sinkhorn"]
+        assert found["mhc_post"]["error"].startswith("FileNotFoundError"), found["mhc_post"]
