@@ -29,6 +29,7 @@ same before and after.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -40,8 +41,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cdna2.cache import cache_root
+from cdna2.cache import cache_root, code_digest
+from cdna2.host import checkouts, digests, txn
+from cdna2.host.state import write_file_atomically
+from cdna2.host import window_proof
 from cdna2.host.window_proof import CHECK as WINDOW_CHECK, FORMAT as WINDOW_FORMAT
+from cdna2.patches import audit, catalog as catalog_module, cli, matching, planner
 from cdna2.patches.catalog import Catalog, load_catalog
 from cdna2.patches.cli import apply_in_place, probe
 from cdna2.patches.planner import PackagePlan, plan_package
@@ -447,35 +452,84 @@ def releases(catalog: Catalog | None = None) -> tuple[str, ...]:
     return tuple(release for release in found.releases if release not in found.refused)
 
 
+def _evaluation_path(catalog: Catalog, version: str, python: Path) -> Path | None:
+    """Where one release's evaluation (patching and the runner's answers, not the verdict) is kept: keyed by the
+    catalog's bytes, the wheel's files (the digest of its RECORD, which lists each file's sha256), the code that
+    patches and evaluates (this module, the patch engine, the sliding-window record's format, everything under releases/vllm_gates: runner, doubles,
+    model configs), the torch-CPU venv (its path names its requirements) and the Python running the engine. None for a
+    catalog built in code (no digest)."""
+    if not catalog.digest:
+        return None
+    tree = wheelhouse.installed_tree(f"vllm=={version}")
+    records = sorted(tree.glob("*.dist-info/RECORD"))
+    if not records:
+        raise RuntimeError(f"{tree}: no *.dist-info/RECORD; remove this cached tree and run again")
+    runner_files = sorted(path for path in RUNNER.parent.rglob("*")
+                          if path.is_file() and "__pycache__" not in path.parts)
+    code = code_digest((sys.modules[__name__], planner, matching, audit, catalog_module, cli, txn, checkouts, digests,
+                        wheelhouse, window_proof))
+    evaluator = hashlib.sha256(b"".join(str(path.relative_to(RUNNER.parent)).encode() + b"\0" + path.read_bytes()
+                                        for path in runner_files)).hexdigest()
+    key = json.dumps([catalog.digest, version, tree.name, [digests.file_sha256(record) for record in records], code,
+                      evaluator, str(python), sys.version])
+    return cache_root() / "vllm-gates-evaluations" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+
+def _kept_evaluation(path: Path | None) -> ReleaseGates | None:
+    if path is None or not path.is_file():
+        return None
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        fields = json.loads(path.read_text())
+        return ReleaseGates(fields["version"], fields["patch_status"], fields["applied_sets"], fields["variants"],
+                            fields["refused_sets"], fields["answers"])
+    return None
+
+
 def evaluate(versions: tuple[str, ...] | None = None, progress: Progress = lambda line: None,
              workers: int = 2, catalog: Catalog | None = None) -> list[ReleaseGates]:
     """Every release in ``versions`` (default: ``releases()``), in the given order: ``workers`` runners (each one busy
     process) share them. ``catalog``: the patch sets to apply (default: the packaged ones).
 
     A runner imports torch and what vLLM pulls in from outside itself once, then forks a child per release, tree
-    and arch: that import (about 10 CPU-s) is paid per runner, not per release.
+    and arch: that import (about 10 CPU-s) is paid per runner, not per release. Each release's evaluation is kept in
+    ``$CDNA2_CACHE/vllm-gates-evaluations`` (``_evaluation_path`` names what it is keyed by): a release none of
+    those inputs changed for is not patched or run again. The judging is never kept: it is done on every call.
     """
     catalog = catalog or load_catalog()
     versions = releases(catalog) if versions is None else versions
     progress("torch-CPU venv: building or reusing it")
     python = torchvenv.torch_cpu_python()
+    paths = {version: _evaluation_path(catalog, version, python) for version in versions}
+    evaluated = {version: kept for version in versions if (kept := _kept_evaluation(paths[version])) is not None}
+    if evaluated:
+        progress(f"vLLM {', '.join(evaluated)}: evaluated before with the same inputs (kept in "
+                 f"{cache_root() / 'vllm-gates-evaluations'})")
     with tempfile.TemporaryDirectory(prefix="cdna2-gates-") as scratch:
-        prepared = [prepare_release(version, catalog, Path(scratch) / version, progress) for version in versions]
+        prepared = [prepare_release(version, catalog, Path(scratch) / version, progress)
+                    for version in versions if version not in evaluated]
         entries = [entry for _, entry in prepared]
         shares = [entries[index::workers] for index in range(min(workers, len(entries)))]
         aiter_double = Path(scratch) / "aiter-double"
         spec = {"arches": list(ARCHES), "environment": ENVIRONMENT, "models": load_models(),
                 "bytecode_cache": str(cache_root() / "vllm-gates-bytecode"),
                 "window_records": window_records(aiter_double), "aiter_double": str(aiter_double)}
-        progress(f"evaluating the gates of {len(entries)} releases in {len(shares)} runners")
+        if shares:
+            progress(f"evaluating the gates of {len(entries)} releases in {len(shares)} runners")
         answers: dict[str, dict] = {}
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for share_answers in pool.map(lambda share: run_runner(python, {**spec, "releases": share}), shares):
                 answers.update(share_answers)
     for release, _ in prepared:
         release.answers = answers[release.version]
+        evaluated[release.version] = release
+        if paths[release.version] is not None:
+            kept = {"version": release.version, "patch_status": release.patch_status,
+                    "applied_sets": release.applied_sets, "variants": release.variants,
+                    "refused_sets": release.refused_sets, "answers": release.answers}
+            write_file_atomically(paths[release.version], json.dumps(kept, sort_keys=True).encode())
+    for release in evaluated.values():
         release.failures = judge(release) + judge_selection(release)
-    return [release for release, _ in prepared]
+    return [evaluated[version] for version in versions]
 
 
 def command(json_path: Path | None) -> int:

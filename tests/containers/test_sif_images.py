@@ -17,6 +17,8 @@ import stat
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,30 @@ def deployed(cached_image, wheel_options) -> dict:
         yield {**outcome, "sha256_before": before, "path": image}
     finally:
         shutil.rmtree(directory)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def early_deploys(request, cached_image, wheel_options, tmp_path_factory) -> Iterator[dict[str, Future]]:
+    """The deploy of an image without AITER, started in a thread of its own as this module starts when a selected
+    test reads it (``aiterless_deploy``): a deploy waits on mounts, pip and pyinfra as much as it computes, and this
+    one shares nothing with the module's other deploys (its own image copy, mounts and scratch)."""
+    wanted = any("aiterless_deploy" in item.fixturenames for item in request.session.items
+                 if getattr(item, "module", None) is request.module)
+    directory = tmp_path_factory.mktemp("aiterless")
+
+    def deploy() -> tuple[Path, str, tuple[int, dict, str]]:
+        image = image_copy(lab_sif.venv_sif(with_aiter=False), directory)
+        before = file_sha256(image)
+        return image, before, images_cli("deploy", str(image), *wheel_options)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="early-deploys") as pool:
+        yield {"aiterless": pool.submit(deploy)} if wanted else {}
+
+
+@pytest.fixture(scope="module")
+def aiterless_deploy(early_deploys) -> tuple[Path, str, tuple[int, dict, str]]:
+    """The image without AITER, its SHA-256 before the deploy, and the deploy's answer (images_cli)."""
+    return early_deploys["aiterless"].result()
 
 
 def test_the_layer_holds_only_what_the_deploy_changed(deployed):
@@ -307,12 +333,10 @@ def test_an_image_without_aiter_is_refused_unless_wheels_are_given(tmp_path, cac
     assert "--wheels DIR" in result["error"] and [path.name for path in directory.iterdir()] == ["no-aiter.sif"]
 
 
-def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(cached_image, wheel_options, tmp_path):
+def test_an_image_without_aiter_gets_the_matrix_aiter_and_triton_in_its_layer(aiterless_deploy):
     # LUMI's current images have no AITER: the wheels step installs the matrix's amd-aiter and triton 3.7.1 into
     # the layer, and a second run inside the same root translates and patches it.
-    image = image_copy(lab_sif.venv_sif(with_aiter=False), tmp_path)
-    before = file_sha256(image)
-    status, outcome, stderr = images_cli("deploy", str(image), *wheel_options)
+    image, before, (status, outcome, stderr) = aiterless_deploy
     assert status == 0 and outcome["status"] == "written", stderr[-3000:]
     site = "opt/venv/lib/python3.11/site-packages/"
     assert {site + "amd_aiter-0.1.7.post2.dev18.dist-info/RECORD", site + "triton-3.7.1.dist-info/RECORD",

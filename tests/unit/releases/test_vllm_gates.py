@@ -74,6 +74,46 @@ def test_table_names_every_release_with_a_verdict(evaluated):
             assert f"| {version} | {gate} | AITER Triton op | closed | open | open | open |" in table
 
 
+@pytest.mark.slow
+def test_a_kept_evaluation_is_keyed_by_every_input_that_decides_it(evaluated, tmp_path, monkeypatch):
+    """The evaluation above is kept per release (a warm run reuses it): another catalog, another wheel's RECORD, a
+    changed runner file or a changed engine module each name another entry, so any of them is evaluated anew."""
+    import dataclasses
+    import shutil
+
+    from cdna2.patches.catalog import load_catalog
+    from lab import torchvenv, wheelhouse
+
+    catalog, python, version = load_catalog(), torchvenv.torch_cpu_python(), RELEASES[-1]
+    kept = gates._evaluation_path(catalog, version, python)
+    assert kept is not None and kept.is_file() and kept == gates._evaluation_path(catalog, version, python)
+    assert gates._kept_evaluation(kept).answers == evaluated[version].answers
+    assert gates._evaluation_path(dataclasses.replace(catalog, digest="another"), version, python) != kept
+    assert gates._evaluation_path(dataclasses.replace(catalog, digest=""), version, python) is None  # built in code
+    tree = wheelhouse.installed_tree(f"vllm=={version}")
+    copy = tmp_path / "tree" / tree.name
+    for record in tree.glob("*.dist-info/RECORD"):
+        (copy / record.parent.name).mkdir(parents=True)
+        (copy / record.parent.name / "RECORD").write_bytes(record.read_bytes() + b"vllm/new.py,sha256=x,1\n")
+    with monkeypatch.context() as patched:
+        patched.setattr(wheelhouse, "installed_tree", lambda requirement: copy)
+        assert gates._evaluation_path(catalog, version, python) not in (None, kept)
+    runner = tmp_path / "vllm_gates" / "runner.py"
+    shutil.copytree(gates.RUNNER.parent, runner.parent, ignore=shutil.ignore_patterns("__pycache__"))
+    assert gates._evaluation_path(catalog, version, python) == kept
+    with monkeypatch.context() as patched:
+        patched.setattr(gates, "RUNNER", runner)
+        assert gates._evaluation_path(catalog, version, python) == kept  # the same bytes
+        (runner.parent / "models" / "llama-full-attention.json").write_text("{}")
+        assert gates._evaluation_path(catalog, version, python) != kept
+    from cdna2.patches import cli, planner
+    digested = []
+    with monkeypatch.context() as patched:
+        patched.setattr(gates, "code_digest", lambda modules: digested.extend(modules) or "another engine")
+        assert gates._evaluation_path(catalog, version, python) != kept
+    assert {gates, planner, cli, wheelhouse} <= set(digested)
+
+
 # ------------------------------------------------------------------------------------------- the judge alone
 
 def _answers(values: dict[tuple[str, str], dict[str, bool]]) -> dict:

@@ -20,6 +20,8 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -112,12 +114,70 @@ FAULTS = {"flash_attn_func:causal:512": "zero_rows",  # rows 256-511 of one head
 HANG_LIMIT = 45  # seconds: a case that does not hang finishes well within it, even on a loaded machine
 
 
-@pytest.fixture(scope="module")
-def faulty_run(lab: Lab) -> tuple[int, dict, float]:
+def faulty_smoke(lab: Lab) -> tuple[int, dict, float]:
     """One run in which every case but one misbehaves in its own way (FAULTS), and its time."""
     started = time.monotonic()
     code, report = lab.smoke("--case-timeout", str(HANG_LIMIT), aiter={"faults": FAULTS})
     return code, report, time.monotonic() - started
+
+
+def smoke_without_triton_configs(lab: Lab) -> tuple[int, dict]:
+    """A run without the config aiter-triton-gfx90a installs and without AITER's rope/rope.py (AITER before
+    0.1.10); both are put back afterwards."""
+    config = lab.host.site / "aiter" / "ops" / "triton" / "configs" / "gemm" / "MI200-GEMM-A16W16.json"
+    saved = config.read_bytes(), lab.rope_module.read_bytes()
+    config.unlink()
+    lab.rope_module.unlink()
+    try:
+        return lab.smoke()
+    finally:
+        config.write_bytes(saved[0])
+        lab.rope_module.write_bytes(saved[1])
+
+
+SIDE_RUNS = {"faulty_run": faulty_smoke, "run_without_triton_configs": smoke_without_triton_configs}
+
+
+class SideRuns:
+    """The runs of SIDE_RUNS, on a second host of their own, one after the other in a thread, while the tests run the
+    others on ``lab``: a smoke run keeps about one core busy (its GPU children run one at a time) and the faulty run
+    spends HANG_LIMIT seconds waiting on its hung case, so two hosts side by side use the two cores the suite has."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpu-doubles-side")
+        self.host: Future[Lab] | None = None
+        self.runs: dict[str, Future] = {}
+
+    def start(self, name: str) -> Future:
+        """The run ``name`` of SIDE_RUNS, queued on the side host unless it already is."""
+        if self.host is None:
+            self.host = self.pool.submit(Lab, self.root)
+        if name not in self.runs:
+            self.runs[name] = self.pool.submit(lambda: SIDE_RUNS[name](self.host.result()))
+        return self.runs[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def side(request, tmp_path_factory) -> Iterator[SideRuns]:
+    """Starts, as the module starts, the side runs that the selected tests of this module use."""
+    runs = SideRuns(tmp_path_factory.mktemp("gpu-doubles-side"))
+    for item in request.session.items:
+        if getattr(item, "module", None) is request.module:
+            for name in SIDE_RUNS.keys() & set(item.fixturenames):
+                runs.start(name)
+    yield runs
+    runs.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def faulty_run(side: SideRuns) -> tuple[int, dict, float]:
+    return side.start("faulty_run").result()
+
+
+@pytest.fixture(scope="module")
+def run_without_triton_configs(side: SideRuns) -> tuple[int, dict]:
+    return side.start("run_without_triton_configs").result()
 
 
 def test_correct_output_from_the_asm_kernels_passes_every_gpu_check(correct_run) -> None:
@@ -178,17 +238,9 @@ def test_a_triton_op_without_its_launch_or_off_the_reference_is_named(faulty_run
         assert checks[name]["status"] == "wrong" and checks[name]["detail"].startswith("WRONG:"), checks[name]
 
 
-def test_without_the_triton_configs_the_triton_gemm_checks_are_skipped_by_name(lab: Lab) -> None:
+def test_without_the_triton_configs_the_triton_gemm_checks_are_skipped_by_name(run_without_triton_configs) -> None:
     """And without AITER's rope/rope.py (AITER before 0.1.10) the rope check; unified attention needs no file."""
-    config = lab.host.site / "aiter" / "ops" / "triton" / "configs" / "gemm" / "MI200-GEMM-A16W16.json"
-    saved = config.read_bytes(), lab.rope_module.read_bytes()
-    config.unlink()
-    lab.rope_module.unlink()
-    try:
-        code, report = lab.smoke()
-    finally:
-        config.write_bytes(saved[0])
-        lab.rope_module.write_bytes(saved[1])
+    code, report = run_without_triton_configs
     assert code == 0, json.dumps(report, indent=1)
     checks = gpu(report)
     for name in ("triton_gemm_a16w16_small", "triton_gemm_a16w16_large"):
@@ -200,22 +252,26 @@ def test_without_the_triton_configs_the_triton_gemm_checks_are_skipped_by_name(l
     assert checks["triton_unified_attention_decode"]["status"] == "passed"
 
 
-def test_a_hung_case_is_killed_with_its_grandchildren_and_leaves_no_lock(lab: Lab, faulty_run) -> None:
+def test_a_hung_case_is_killed_with_its_grandchildren_and_leaves_no_lock(side: SideRuns, faulty_run) -> None:
     _, report, elapsed = faulty_run
     assert elapsed < 900
     hung = gpu(report)["sliding_window_attention"]
-    lock = lab.host.site / "aiter" / "jit" / "build" / "lock_module_fmha_v3_fwd"
+    host = side.host.result().host  # the side host ran faulty_run
+    lock = host.site / "aiter" / "jit" / "build" / "lock_module_fmha_v3_fwd"
     assert hung["status"] == "failed" and f"timed out after {HANG_LIMIT} s" in hung["detail"], hung
     assert "killed its process group (2 processes" in hung["detail"], hung
     assert f"removed the JIT locks it held: {lock}" in hung["detail"], hung
     assert not lock.exists(), "the lock the killed build held is gone"
-    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs_hang(pid)]
+    leftovers = [pid for pid in os.listdir("/proc") if pid.isdigit() and _runs_hang(pid, host.state_dir)]
     assert not leftovers, f"processes of the hung case are still running: {leftovers}"
 
 
-def _runs_hang(pid: str) -> bool:
+def _runs_hang(pid: str, state_dir: Path) -> bool:
+    """Whether ``pid`` is the hung case's compiler of this host: the GPU children (and what they start) run in its
+    state directory; another test session's on this machine run in theirs."""
     try:
-        return b"time.sleep(3600)" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"time.sleep(3600)" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+            Path(f"/proc/{pid}/cwd").resolve() == state_dir.resolve()
     except OSError:
         return False
 
