@@ -1,15 +1,20 @@
 """What the deploy sends a host to probe it in one SSH command: the probe's modules and the bootstrap that runs them.
 
 The probe (cdna2/host/probe.py) and the host modules it imports travel inline, as one argument: the modules' texts,
-each behind a marker line, deepest dependency first. The bootstrap runs the installed agent's copy when it holds
-these very texts (compared byte for byte: its bytecode is cached there), else it makes the modules from the texts
-and runs the probe; it imports nothing beyond ``os`` and ``sys``, like the probe. Entry points: ``PROBE_PAYLOAD``,
+each behind a marker line, deepest dependency first, zlib-compressed and in base64. One argument is limited to
+128 KiB on Linux (MAX_ARG_STRLEN) and a transport that quotes it for ``sh -c`` (docker exec) inflates every quote
+of plain Python text; compressed, the payload is about a third of its text and holds no quote. The bootstrap runs
+the installed agent's copy when it holds these very texts (compared byte for byte: its bytecode is cached there),
+else it makes the modules from the texts and runs the probe; it imports nothing beyond ``os``, ``sys`` and the
+built-in ``zlib`` and ``binascii``, like the probe. Entry points: ``PROBE_PAYLOAD``,
 ``PROBE_BOOTSTRAP``; argv on the host: ``-c BOOTSTRAP AGENT_DIR PAYLOAD OPTIONS [SUDO_REFUSAL]``.
 """
 
 from __future__ import annotations
 
 import ast
+import base64
+import zlib
 from importlib import resources
 
 HOST_PACKAGE = "cdna2.host"
@@ -42,11 +47,13 @@ def probe_modules(entry: str = "cdna2.host.probe") -> list[tuple[str, str]]:
     return ordered
 
 
-PROBE_PAYLOAD = "".join(f"{MARKER}{name}\n{text}" for name, text in probe_modules())
+PROBE_PAYLOAD = base64.b64encode(zlib.compress("".join(f"{MARKER}{name}\n{text}" for name, text in probe_modules())
+                                               .encode(), 9)).decode("ascii")
 
 PROBE_BOOTSTRAP = (
-    "import os,sys\n"
+    "import os,sys,zlib,binascii\n"
     "agent,payload=sys.argv[1:3]\n"
+    "payload=zlib.decompress(binascii.a2b_base64(payload)).decode()\n"
     "del sys.argv[1:3]\n"
     f"modules=[entry.partition('\\n')[::2] for entry in payload.split({MARKER!r})[1:]]\n"
     "def installed(name):\n"

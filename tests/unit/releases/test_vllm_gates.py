@@ -306,7 +306,11 @@ def test_without_the_guard_site_the_table_fails_every_sliding_model(tmp_path):
                    for failure in release.failures), release.failures
         assert any(failure.startswith(f"{model} (sliding-window layers) on patched gfx90a (explicit ROCM_AITER_FA)")
                    for failure in release.failures), release.failures
-    assert not any(failure.startswith(FULL_MODEL) for failure in release.failures)
+    # The full-attention model's only failures: the orders that put a smoke record beside the removed guard have no
+    # answer (they exist to exercise that guard); every order it is served under otherwise is as expected.
+    full = [failure for failure in release.failures if failure.startswith(FULL_MODEL)]
+    assert full and all(failure.startswith(f"{FULL_MODEL} on patched gfx90a: no choice with explicit "
+                                           f"{gates.AITER_UNIFIED}, ") for failure in full), full
 
 
 @pytest.mark.slow
