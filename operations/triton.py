@@ -54,5 +54,4 @@ def triton_proof_or_refusal(source_host: Host, probe: dict, catalog: Catalog, pl
                       f"the host's configs with: {error}")
     except (ProofError, FetchError) as error:
         return None, f"{SET}: the host's AITER Triton tree cannot be proven: {error}"
-    variant = next(variant for variant in catalog.by_name(SET).variants if variant.id == plan.variants[SET])
-    return proof, adds_refusal(proof, variant)
+    return proof, adds_refusal(proof, catalog.by_name(SET).variant(plan.variants[SET]))

@@ -42,9 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdna2.cache import cache_root, code_digest
-from cdna2.host import checkouts, digests, txn
+from cdna2.host import checkouts, digests, txn, window_proof
 from cdna2.host.state import write_file_atomically
-from cdna2.host import window_proof
 from cdna2.host.window_proof import CHECK as WINDOW_CHECK, FORMAT as WINDOW_FORMAT
 from cdna2.patches import audit, catalog as catalog_module, cli, matching, planner
 from cdna2.patches.catalog import Catalog, load_catalog
@@ -436,7 +435,7 @@ def window_records(aiter_double: Path) -> dict[str, dict | str]:
     source.write_text("# Test double of AITER's Triton unified attention: the guard reads only its digest.\n")
     passed = {"format": WINDOW_FORMAT, "check": WINDOW_CHECK, "status": "passed", "at": "2026-12-07T12:00:00Z",
               "detail": "a stand-in record: no GPU ran it",
-              "aiter_files": {AITER_DOUBLE_FILE: hashlib.sha256(source.read_bytes()).hexdigest()}}
+              "aiter_files": {AITER_DOUBLE_FILE: digests.file_sha256(source)}}
     failed, other_aiter, other_node, unparseable = WINDOW_REFUSALS
     return {SMOKE_PASSED: passed,
             failed: {**passed, "status": "failed", "detail": "a stand-in record of a failed check"},
@@ -452,26 +451,33 @@ def releases(catalog: Catalog | None = None) -> tuple[str, ...]:
     return tuple(release for release in found.releases if release not in found.refused)
 
 
-def _evaluation_path(catalog: Catalog, version: str, python: Path) -> Path | None:
-    """Where one release's evaluation (patching and the runner's answers, not the verdict) is kept: keyed by the
-    catalog's bytes, the wheel's files (the digest of its RECORD, which lists each file's sha256), the code that
-    patches and evaluates (this module, the patch engine, the sliding-window record's format, everything under releases/vllm_gates: runner, doubles,
-    model configs), the torch-CPU venv (its path names its requirements) and the Python running the engine. None for a
-    catalog built in code (no digest)."""
+def _evaluation_inputs(catalog: Catalog, python: Path) -> list[str] | None:
+    """What every release's evaluation (patching and the runner's answers, not the verdict) depends on beside its own
+    wheel: the catalog's bytes, the code that patches and evaluates (this module, the patch engine, the
+    sliding-window record's format, everything under releases/vllm_gates: runner, doubles, model configs), the
+    torch-CPU venv (its path names its requirements) and the Python running the engine. None for a catalog built in
+    code (no digest): never kept."""
     if not catalog.digest:
         return None
-    tree = wheelhouse.installed_tree(f"vllm=={version}")
-    records = sorted(tree.glob("*.dist-info/RECORD"))
-    if not records:
-        raise RuntimeError(f"{tree}: no *.dist-info/RECORD; remove this cached tree and run again")
     runner_files = sorted(path for path in RUNNER.parent.rglob("*")
                           if path.is_file() and "__pycache__" not in path.parts)
     code = code_digest((sys.modules[__name__], planner, matching, audit, catalog_module, cli, txn, checkouts, digests,
                         wheelhouse, window_proof))
     evaluator = hashlib.sha256(b"".join(str(path.relative_to(RUNNER.parent)).encode() + b"\0" + path.read_bytes()
                                         for path in runner_files)).hexdigest()
-    key = json.dumps([catalog.digest, version, tree.name, [digests.file_sha256(record) for record in records], code,
-                      evaluator, str(python), sys.version])
+    return [catalog.digest, code, evaluator, str(python), sys.version]
+
+
+def _evaluation_path(inputs: list[str] | None, version: str) -> Path | None:
+    """Where one release's evaluation is kept: keyed by ``inputs`` (``_evaluation_inputs``) and the wheel's files
+    (the digest of its RECORD, which lists each file's sha256)."""
+    if inputs is None:
+        return None
+    tree = wheelhouse.installed_tree(f"vllm=={version}")
+    records = sorted(tree.glob("*.dist-info/RECORD"))
+    if not records:
+        raise RuntimeError(f"{tree}: no *.dist-info/RECORD; remove this cached tree and run again")
+    key = json.dumps([*inputs, version, tree.name, [digests.file_sha256(record) for record in records]])
     return cache_root() / "vllm-gates-evaluations" / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
 
@@ -492,14 +498,16 @@ def evaluate(versions: tuple[str, ...] | None = None, progress: Progress = lambd
 
     A runner imports torch and what vLLM pulls in from outside itself once, then forks a child per release, tree
     and arch: that import (about 10 CPU-s) is paid per runner, not per release. Each release's evaluation is kept in
-    ``$CDNA2_CACHE/vllm-gates-evaluations`` (``_evaluation_path`` names what it is keyed by): a release none of
-    those inputs changed for is not patched or run again. The judging is never kept: it is done on every call.
+    ``$CDNA2_CACHE/vllm-gates-evaluations`` (``_evaluation_inputs`` and ``_evaluation_path`` name its key): a
+    release none of those inputs changed for is not patched or run again. The judging is never kept: it is done on
+    every call.
     """
     catalog = catalog or load_catalog()
     versions = releases(catalog) if versions is None else versions
     progress("torch-CPU venv: building or reusing it")
     python = torchvenv.torch_cpu_python()
-    paths = {version: _evaluation_path(catalog, version, python) for version in versions}
+    inputs = _evaluation_inputs(catalog, python)
+    paths = {version: _evaluation_path(inputs, version) for version in versions}
     evaluated = {version: kept for version in versions if (kept := _kept_evaluation(paths[version])) is not None}
     if evaluated:
         progress(f"vLLM {', '.join(evaluated)}: evaluated before with the same inputs (kept in "

@@ -83,6 +83,10 @@ class PatchSet:
     def optional(self) -> bool:
         return self.role == "optional"
 
+    def variant(self, variant_id: str) -> Variant:
+        """The variant of this set named ``variant_id`` (a plan's ``variants[set name]``)."""
+        return next(variant for variant in self.variants if variant.id == variant_id)
+
 
 @dataclass(frozen=True)
 class Catalog:

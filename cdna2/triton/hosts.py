@@ -103,6 +103,6 @@ def opened_ops_refusal(host_name: str, proof: dict | None, catalog: Catalog, pla
     refusals = [f"{name} (variant {variant.id}) site {site.id} opens AITER's Triton {site.triton_op}, whose kernels "
                 f"failed the compile proof of {host_name}'s AITER Triton tree {proof['tree_digest'][:12]} with triton "
                 f"{proof['triton']}: {failed[site.triton_op]}; remove {name} from {host_name}'s optional_patch_sets"
-                for name in plan.sets for variant in catalog.by_name(name).variants if variant.id == plan.variants[name]
+                for name in plan.sets for variant in [catalog.by_name(name).variant(plan.variants[name])]
                 for site in variant.sites if site.triton_op in failed]
     return "; ".join(refusals) or None

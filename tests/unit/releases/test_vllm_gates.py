@@ -85,11 +85,15 @@ def test_a_kept_evaluation_is_keyed_by_every_input_that_decides_it(evaluated, tm
     from lab import torchvenv, wheelhouse
 
     catalog, python, version = load_catalog(), torchvenv.torch_cpu_python(), RELEASES[-1]
-    kept = gates._evaluation_path(catalog, version, python)
-    assert kept is not None and kept.is_file() and kept == gates._evaluation_path(catalog, version, python)
+
+    def path_of(catalog):
+        return gates._evaluation_path(gates._evaluation_inputs(catalog, python), version)
+
+    kept = path_of(catalog)
+    assert kept is not None and kept.is_file() and kept == path_of(catalog)
     assert gates._kept_evaluation(kept).answers == evaluated[version].answers
-    assert gates._evaluation_path(dataclasses.replace(catalog, digest="another"), version, python) != kept
-    assert gates._evaluation_path(dataclasses.replace(catalog, digest=""), version, python) is None  # built in code
+    assert path_of(dataclasses.replace(catalog, digest="another")) != kept
+    assert path_of(dataclasses.replace(catalog, digest="")) is None  # built in code
     tree = wheelhouse.installed_tree(f"vllm=={version}")
     copy = tmp_path / "tree" / tree.name
     for record in tree.glob("*.dist-info/RECORD"):
@@ -97,20 +101,20 @@ def test_a_kept_evaluation_is_keyed_by_every_input_that_decides_it(evaluated, tm
         (copy / record.parent.name / "RECORD").write_bytes(record.read_bytes() + b"vllm/new.py,sha256=x,1\n")
     with monkeypatch.context() as patched:
         patched.setattr(wheelhouse, "installed_tree", lambda requirement: copy)
-        assert gates._evaluation_path(catalog, version, python) not in (None, kept)
+        assert path_of(catalog) not in (None, kept)
     runner = tmp_path / "vllm_gates" / "runner.py"
     shutil.copytree(gates.RUNNER.parent, runner.parent, ignore=shutil.ignore_patterns("__pycache__"))
-    assert gates._evaluation_path(catalog, version, python) == kept
+    assert path_of(catalog) == kept
     with monkeypatch.context() as patched:
         patched.setattr(gates, "RUNNER", runner)
-        assert gates._evaluation_path(catalog, version, python) == kept  # the same bytes
+        assert path_of(catalog) == kept  # the same bytes
         (runner.parent / "models" / "llama-full-attention.json").write_text("{}")
-        assert gates._evaluation_path(catalog, version, python) != kept
+        assert path_of(catalog) != kept
     from cdna2.patches import cli, planner
     digested = []
     with monkeypatch.context() as patched:
         patched.setattr(gates, "code_digest", lambda modules: digested.extend(modules) or "another engine")
-        assert gates._evaluation_path(catalog, version, python) != kept
+        assert path_of(catalog) != kept
     assert {gates, planner, cli, wheelhouse} <= set(digested)
 
 
