@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from pyinfra import host, state
@@ -13,8 +15,8 @@ from pyinfra.facts.server import Command
 from cdna2.families import host_families
 from cdna2.host.families import WITHHELD, verdict_line
 from cdna2.host.distributions import RECORDED_PACKAGES
-from cdna2.images.runtime import (Launch, RuntimeCheckError, launch_of, probe_command, read_probe, read_report,
-                                  smoke_command)
+from cdna2.images.runtime import (Launch, RuntimeCheckError, hash_command, hash_problem, launch_of, probe_command,
+                                  read_probe, read_report, smoke_command)
 from cdna2.reports.run import FAILED, RunReport
 from cdna2.smoke_proof import WINDOW_CHECK, WRITE_RECORD, proof_key, recorded_proof, window_record_note
 from operations.agent import agent_command
@@ -154,16 +156,36 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                         json.dumps(passed, sort_keys=True))
 
 
+# Per run, per distinct pair of files (paths, identities as the nodes saw them, recorded SHA-256): the node that hashed
+# them and what differs from the record (None: nothing). The first host to need a pair hashes it on its node; hosts
+# of the same pair wait for it (pyinfra's greenlets) and take its verdict; when the hashing host fails (its node or
+# step lost), the next one hashes.
+_hash_locks: dict[tuple, threading.Lock] = {}
+_hashed: dict[tuple, tuple[str, str | None]] = {}
+
+
 def image_launch(image: str) -> Launch:
-    """What runs ``image`` with its layer on the current node (its runtime, read there), or RuntimeCheckError."""
+    """What runs ``image`` with its layer on the current node (its runtime, read there), the image and the layer
+    hashed on one node per distinct pair of files; or RuntimeCheckError."""
     probe = host.get_fact(Command, probe_command(image)) or ""
-    return launch_of(host.name, image, read_probe(probe.splitlines()))
+    launch = launch_of(host.name, image, read_probe(probe.splitlines()))
+    key = launch.files()
+    with _hash_locks.setdefault(key, threading.Lock()):
+        if key not in _hashed:
+            output = host.get_fact(Command, hash_command(launch)) or ""
+            _hashed[key] = (host.name, hash_problem(launch, output.splitlines()))
+    hashed_by, problem = _hashed[key]
+    if problem is not None:
+        raise RuntimeCheckError(f"{host.name}: {problem}" + ("" if hashed_by == host.name else
+                                                             f" (hashed on {hashed_by}, which sees the same file)"))
+    return replace(launch, hashed_by=hashed_by)
 
 
 def smoke_inside(report: RunReport, launch: Launch, host_arch: str | None, gpu_checks: bool,
                  expect_triton: str) -> dict:
-    """The smoke report printed inside the node's runtime (the hashes checked first), or RuntimeCheckError; the
-    host's row gets the runtime, the report, and the image's Python and packages in place of the node's."""
+    """The smoke report printed inside the node's runtime (the files' identities checked first), or
+    RuntimeCheckError; the host's row gets the runtime, the report, and the image's Python and packages in place of
+    the node's."""
     output = host.get_fact(Command, smoke_command(launch, host_arch, gpu_checks, expect_triton)) or ""
     result = read_report(host.name, launch, output.splitlines(), "smoke")
     row = report.host(host.name)
@@ -189,7 +211,9 @@ def smoke_passed_inside_image(report: RunReport, image: str, host_arch: str | No
     + expect_triton: the triton version the image with its layer must have
 
     No runtime on the node, no layer record, or an image or layer whose SHA-256 differs from the record fails the
-    host by name (cdna2/images/runtime.py): never "passed". During ``--dry`` nothing runs.
+    host by name (cdna2/images/runtime.py): never "passed". The files are hashed on one node per distinct file (the
+    nodes of a shared filesystem see one), and every node checks that its files' identity is the one hashed. During
+    ``--dry`` nothing runs.
 
     **Example:**
 

@@ -6,6 +6,7 @@ report)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,8 +14,8 @@ import pytest
 
 from cdna2.host.digests import file_sha256
 from cdna2.images.layer import LayerFiles, launch_arguments
-from cdna2.images.runtime import (RuntimeCheckError, bench_command, launch_of, probe_command, read_probe,
-                                  read_report, smoke_command)
+from cdna2.images.runtime import (RuntimeCheckError, bench_command, hash_command, hash_problem, launch_of,
+                                  probe_command, read_probe, read_report, smoke_command)
 
 SITE = "opt/venv/lib/python3.11/site-packages"
 REPORT = {"passed": 3, "failed": 0, "wrong": 0, "skipped": 1,
@@ -58,9 +59,16 @@ def on_node(node: dict, command: str) -> list[str]:
                           check=True).stdout.splitlines()
 
 
-def launch(node: dict):
+def unhashed_launch(node: dict):
     image = str(node["files"].image)
     return launch_of("n1", image, read_probe(on_node(node, probe_command(image))))
+
+
+def launch(node: dict):
+    """The launch as verify.py gets it on a node whose files the hashing node found as recorded."""
+    found = unhashed_launch(node)
+    assert hash_problem(found, on_node(node, hash_command(found))) is None
+    return found
 
 
 def test_the_smoke_test_runs_inside_the_runtime_on_the_records_launch_line(node):
@@ -117,37 +125,107 @@ def test_singularity_is_preferred_as_the_wrapper_prefers_it(node):
     assert launch(node).runtime == str(singularity)
 
 
-@pytest.mark.parametrize("command", [lambda found: smoke_command(found, "gfx90a", True, "3.7.1"),
-                                     lambda found: bench_command(found, "gfx90a", [{"name": "prefill_4x1024"}])],
-                         ids=["smoke", "bench"])
-def test_a_layer_edited_by_hand_fails_by_name_and_the_runtime_never_runs(node, command):
+COMMANDS = [lambda found: smoke_command(found, "gfx90a", True, "3.7.1"),
+            lambda found: bench_command(found, "gfx90a", [{"name": "prefill_4x1024"}])]
+
+
+def test_each_files_identity_is_read_on_the_node_as_stat_gives_it(node):
     with_runtime(node, "apptainer")
     found = launch(node)
+    for path, identity in ((node["files"].layer, found.layer_identity), (node["files"].image, found.image_identity)):
+        status = path.stat()
+        assert identity == (f"{status.st_ino} {status.st_size} {status.st_mtime_ns // 10**9}."
+                            f"{status.st_mtime_ns % 10**9:09d} {status.st_ctime_ns // 10**9}."
+                            f"{status.st_ctime_ns % 10**9:09d}")
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=["smoke", "bench"])
+def test_files_whose_identity_is_the_hashed_one_run_without_being_hashed_again(node, command):
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    hashed = node["bin"] / "sha256sum"  # a test double that records any call: none may come after the hashing
+    hashed.write_text(f"#!/bin/sh\necho called >> {node['bin'] / 'sha256sum-calls'}\nexec /usr/bin/sha256sum\n")
+    hashed.chmod(0o755)
+    assert read_report("n1", found, on_node(node, command(found)), "smoke") == REPORT
+    assert not (node["bin"] / "sha256sum-calls").exists()
+
+
+def test_a_layer_edited_by_hand_before_the_run_fails_by_name_and_the_image_is_not_read(node):
+    with_runtime(node, "apptainer")
     node["files"].layer.write_bytes(b"layer bytes, edited")
-    with pytest.raises(RuntimeCheckError) as raised:
-        read_report("n1", found, on_node(node, command(found)), "smoke")
-    assert str(raised.value).startswith(f"n1: {node['files'].layer}: SHA-256 differs from {node['files'].record}")
-    assert not node["args"].exists()
+    found = unhashed_launch(node)
+    output = on_node(node, hash_command(found))
+    assert [line.split("=")[0] for line in output] == ["file0"]  # the layer only: the image is not read
+    assert hash_problem(found, output) == (
+        f"{node['files'].layer}: SHA-256 differs from {node['files'].record} (edited, or copied incompletely): not "
+        "run; copy the files again, or roll the layer back and deploy again")
 
 
 def test_an_image_that_differs_from_its_record_fails_by_name(node):
     with_runtime(node, "apptainer")
-    found = launch(node)
     node["files"].image.write_bytes(b"another image")
-    with pytest.raises(RuntimeCheckError, match=f"^n1: {node['files'].image}: SHA-256 differs"):
-        read_report("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")), "smoke")
-    assert not node["args"].exists()
+    found = unhashed_launch(node)
+    assert hash_problem(found, on_node(node, hash_command(found))).startswith(
+        f"{node['files'].image}: SHA-256 differs from {node['files'].record}")
 
 
-def test_a_hash_check_that_fails_without_a_word_is_no_pass(node):
+def test_a_hash_that_cannot_be_read_is_no_pass(node):
     with_runtime(node, "apptainer")
-    found = launch(node)
+    found = unhashed_launch(node)
     broken = node["bin"] / "sha256sum"  # a test double for a sha256sum that fails silently
     broken.write_text("#!/bin/sh\nexit 1\n")
     broken.chmod(0o755)
-    with pytest.raises(RuntimeCheckError,
-                       match=f"^n1: {node['files'].layer} \\(sha256sum could not check it\\): SHA-256 differs"):
-        read_report("n1", found, on_node(node, smoke_command(found, "gfx90a", True, "3.7.1")), "smoke")
+    assert hash_problem(found, on_node(node, hash_command(found))).startswith(
+        f"{node['files'].layer}: could not be read to check its SHA-256 against {node['files'].record}")
+    assert hash_problem(found, []).startswith(f"{node['files'].layer}: could not be read")  # no output at all
+
+
+def test_a_file_written_while_it_is_hashed_is_no_pass(node):
+    with_runtime(node, "apptainer")
+    found = unhashed_launch(node)
+    # A test double for sha256sum that appends to the layer, then hashes what it was given: the bytes it reads
+    # are the recorded ones, the file after it is not.
+    writer = node["bin"] / "sha256sum"
+    writer.write_text(f"#!/bin/sh\nsum=$(/usr/bin/sha256sum)\nprintf x >> {node['files'].layer}\necho \"$sum\"\n")
+    writer.chmod(0o755)
+    assert hash_problem(found, on_node(node, hash_command(found))).startswith(
+        f"{node['files'].layer}: changed while its SHA-256 was checked (identity {found.layer_identity}, then "
+        f"{found.layer_identity}, then ")
+
+
+def _edited_in_place_keeping_size_and_mtime(path: Path) -> None:
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0xFF
+    with open(path, "r+b") as file:
+        file.write(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # what a user can set back; the ctime moves on
+    assert (path.stat().st_ino, path.stat().st_size, path.stat().st_mtime_ns) == (
+        before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def _replaced_by_rename(path: Path) -> None:
+    staged = path.with_name(path.name + ".new")
+    staged.write_bytes(path.read_bytes())  # the same bytes, even: another file
+    os.utime(staged, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    staged.rename(path)
+
+
+@pytest.mark.parametrize("change", [_edited_in_place_keeping_size_and_mtime, _replaced_by_rename,
+                                    lambda path: path.unlink()], ids=["edited-in-place", "replaced", "removed"])
+@pytest.mark.parametrize("which", ["layer", "image"])
+@pytest.mark.parametrize("command", COMMANDS, ids=["smoke", "bench"])
+def test_a_file_changed_after_it_was_hashed_fails_by_name_and_the_runtime_never_runs(node, command, which, change):
+    """Hashed on one node, then changed before this node's launch: its identity is no longer the hashed one."""
+    with_runtime(node, "apptainer")
+    found = launch(node)
+    path = getattr(node["files"], which)
+    change(path)
+    with pytest.raises(RuntimeCheckError) as raised:
+        read_report("n1", found, on_node(node, command(found)), "smoke")
+    hashed = found.layer_identity if which == "layer" else found.image_identity
+    assert str(raised.value).startswith(
+        f"n1: {path}: not the file whose SHA-256 matched {node['files'].record} in this run (identity {hashed}, now ")
     assert not node["args"].exists()
 
 
