@@ -180,8 +180,9 @@ def smoke_command(launch: Launch, host_arch: str | None, gpu_checks: bool, expec
 
 
 def bench_command(launch: Launch, host_arch: str | None, cases: list[dict]) -> str:
-    """Shell: the files' identities checked on the node, then the bench cases inside ``RUNTIME exec`` with the layer; a case
-    needing a patch set the layer's deployed state lacks is skipped there (the controller cannot read that state)."""
+    """Shell: the files' identities checked on the node, then the bench cases inside ``RUNTIME exec`` with the
+    layer; a case needing a patch set the layer's deployed state lacks is skipped there (the controller cannot read
+    that state)."""
     return inside_command(launch, "cdna2.host.bench", [
         *host_command(launch.site_packages, ROOT_STATE_DIR, host_arch, cases), "--skip-unapplied-patch-sets"])
 

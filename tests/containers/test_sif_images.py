@@ -27,13 +27,17 @@ import yaml
 from cdna2.host.digests import file_sha256
 from cdna2.images.layer import LayerFiles, pack_layer
 from lab import images, kinds, sif as lab_sif, sif_runtime, wheelhouse
+from lab.labstate import LabPaths
 from tests.lab.conftest import run_lab_command
-from tests.lab.deploy_runner import REPO, run_pyinfra
+from tests.lab.deploy_runner import REPO, run_in_allocation, run_pyinfra
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
 SYLABS = REPO / "tests" / "unit" / "fixtures" / "sylabs-sif"
-RUNTIME_LAB_SUBNET = f"{kinds.LAB_NET}.90"  # away from the shared lab (.10), scratch labs (.20 up) and the others
+# Away from the shared lab (.10), scratch labs (.20 up) and the others; its Slurm's ports from .90 % 8, not the Slurm
+# lab's (.80, tests/lab/test_slurm.py)
+RUNTIME_LAB_SUBNET = f"{kinds.LAB_NET}.90"
+RUNTIME_NODES = ["mi210-a", "mi210-b"]
 
 
 def images_cli(*args: str, timeout: int = 1200, env: dict | None = None) -> tuple[int, dict, str]:
@@ -186,49 +190,71 @@ def test_a_layer_edited_by_hand_is_refused_by_name_and_nothing_is_written(deploy
 
 
 @pytest.fixture(scope="module")
-def runtime_lab() -> Path:
-    """One lab host with the lab's stand-in for Apptainer on its PATH (./lab/up --sif-runtime), reached over SSH."""
+def runtime_lab() -> dict:
+    """Two lab hosts with the lab's stand-in for Apptainer on their PATH (./lab/up --sif-runtime), reached over SSH
+    and through the lab's real Slurm (--slurm), as LUMI's nodes are. They share one Python environment (--shared:
+    one venv to build, not two; the checks run with the image's own Python). Both see the image's directory at the
+    same path: the machine's own filesystem, outside what each host binds for itself (/tmp, /opt/venv, ...)."""
     lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"sif-runtime-{uuid.uuid4().hex[:12]}"
     try:
-        run_lab_command("up", "1", "--sif-runtime", "--subnet", RUNTIME_LAB_SUBNET, lab_dir=lab_dir)
-        yield lab_dir
+        run_lab_command("up", str(len(RUNTIME_NODES)), "--shared", str(len(RUNTIME_NODES)), "--slurm",
+                        "--sif-runtime", "--subnet", RUNTIME_LAB_SUBNET, lab_dir=lab_dir)
+        yield {**json.loads((lab_dir / "lab.json").read_text()), "paths": LabPaths(lab_dir)}
     finally:
         run_lab_command("down", lab_dir=lab_dir, check=False)
 
 
 @pytest.mark.lab
-def test_verify_and_bench_run_inside_the_runtime_on_a_node_and_name_it(deployed, runtime_lab, tmp_path, monkeypatch):
-    """verify.py over SSH on a lab host whose data names the image: the smoke test runs inside the runtime there
-    (the lab's stand-in) with the layer; the GPU checks are skipped (the lab's GPUs are stand-ins), the static ones
-    pass. bench.py there runs the same smoke test inside the runtime first, then skips every case with that reason,
-    both reports naming the runtime. verify.py with the layer edited by hand fails, naming the layer."""
-    monkeypatch.setenv("CDNA2_LAB_DIR", str(runtime_lab))
+def test_verify_and_bench_run_inside_the_runtime_on_the_nodes_and_name_it(deployed, runtime_lab, tmp_path,
+                                                                         monkeypatch):
+    """verify.py in a Slurm allocation of both nodes (inventory/slurm.py), the image and its layer on the directory
+    both see: the smoke test runs inside the runtime on each node (the lab's stand-in) with the layer; the GPU
+    checks are skipped (the lab's GPUs are stand-ins), the static ones pass. The image and the layer are hashed on
+    one node; the other checks their identity only. bench.py over SSH runs the same smoke test inside the runtime
+    first, then skips every case with that reason, both reports naming the runtime. verify.py with the layer edited
+    by hand fails every node, naming the layer."""
+    monkeypatch.setenv("CDNA2_LAB_DIR", runtime_lab["lab_dir"])
     files = LayerFiles(deployed["path"])
-    arguments = ("-y", "verify.py", "--data", f"sif_image={files.image}", "--data", "smoke_gpu_checks=false")
-    run = run_pyinfra(*arguments, report_dir=tmp_path)
+    arguments = ("-y", "verify.py", "--data", f"sif_image={files.image}")
+    run = run_in_allocation(runtime_lab, *arguments, report_dir=tmp_path, nodes=len(RUNTIME_NODES))
     assert run.returncode == 0, run.output[-3000:]
-    row = run.row("mi210-a")
-    assert row["details"]["runtime"] == {
-        "runtime": f"{sif_runtime.PATH_DIR}/apptainer", "version": sif_runtime.VERSION_LINE, "image": str(files.image),
-        "image_sha256": deployed["sha256_before"], "layer": str(files.layer), "layer_sha256": deployed["layer_sha256"],
-        "python": "/opt/venv/bin/python", "site_packages": "/opt/venv/lib/python3.11/site-packages"}
-    assert row["steps"]["verify"]["status"] == "ok"
-    assert row["steps"]["verify"]["detail"].startswith(f"smoke inside {sif_runtime.VERSION_LINE}: ")
-    # The packages and Python shown are the image's, as the smoke test inside it read them, not the node's own.
-    assert row["python"] == f"/opt/venv/bin/python (inside {files.image})"
-    assert row["packages"] == row["details"]["smoke"]["versions"]
-    assert (row["packages"]["amd-aiter"], row["packages"]["triton"]) == ("0.1.7.post2.dev18", "3.7.1")
-    checks = {check["name"]: check for check in row["details"]["smoke"]["checks"]}
-    for name in ("gfx90a_tree", "code_objects_gfx90a", "manifests_complete", "patch_sets_applied", "triton_version"):
-        assert checks[name]["status"] == "passed", checks[name]
-    gpu = [check for check in checks.values() if check["kind"] == "gpu"]
-    assert gpu and all(check["status"] == "skipped" for check in gpu)
+    hashed_by = {run.row(node)["details"]["runtime"].pop("hashed_by") for node in RUNTIME_NODES}
+    assert len(hashed_by) == 1 and hashed_by <= set(RUNTIME_NODES), hashed_by  # one node read the files
+    (hasher,) = hashed_by
+    # The hashing node's own step, and no other step on one node alone: the probe and the smoke test are one step
+    # across both nodes each.
+    assert run.report["transport"]["node_steps_by_node"] == {hasher: 1}, run.report["transport"]
+    for node in RUNTIME_NODES:
+        row = run.row(node)
+        runtime = row["details"]["runtime"]
+        identities = runtime.pop("image_identity"), runtime.pop("layer_identity")
+        assert identities == (identity(files.image), identity(files.layer))
+        assert runtime == {
+            "runtime": f"{sif_runtime.PATH_DIR}/apptainer", "version": sif_runtime.VERSION_LINE,
+            "image": str(files.image), "image_sha256": deployed["sha256_before"], "layer": str(files.layer),
+            "layer_sha256": deployed["layer_sha256"], "python": "/opt/venv/bin/python",
+            "site_packages": "/opt/venv/lib/python3.11/site-packages"}
+        assert row["steps"]["verify"]["status"] == "ok"
+        assert row["steps"]["verify"]["detail"].startswith(f"smoke inside {sif_runtime.VERSION_LINE}: ")
+        # The packages and Python shown are the image's, as the smoke test inside it read them, not the node's own.
+        assert row["python"] == f"/opt/venv/bin/python (inside {files.image})"
+        assert row["packages"] == row["details"]["smoke"]["versions"]
+        assert (row["packages"]["amd-aiter"], row["packages"]["triton"]) == ("0.1.7.post2.dev18", "3.7.1")
+        checks = {check["name"]: check for check in row["details"]["smoke"]["checks"]}
+        for name in ("gfx90a_tree", "code_objects_gfx90a", "manifests_complete", "patch_sets_applied",
+                     "triton_version"):
+            assert checks[name]["status"] == "passed", checks[name]
+        gpu = [check for check in checks.values() if check["kind"] == "gpu"]
+        assert gpu and all(check["status"] == "skipped" for check in gpu)
 
-    benched = run_pyinfra("-y", "bench.py", *arguments[2:], report_dir=tmp_path)
+    benched = run_pyinfra("-y", "bench.py", *arguments[2:], "--data", "smoke_gpu_checks=false", "--limit",
+                          "mi210-a", report_dir=tmp_path)
     assert benched.returncode == 0, benched.output[-3000:]
     entry = next(entry for entry in json.loads((tmp_path / "bench-latest.json").read_text())["hosts"]
                  if entry["host"] == "mi210-a")
-    assert entry["runtime"] == row["details"]["runtime"] == benched.row("mi210-a")["details"]["runtime"]
+    assert entry["runtime"] == benched.row("mi210-a")["details"]["runtime"]
+    assert (entry["runtime"]["hashed_by"], entry["runtime"]["runtime"]) == (
+        "mi210-a", f"{sif_runtime.PATH_DIR}/apptainer")
     reason = f"the smoke test inside {sif_runtime.VERSION_LINE} ran without GPU checks (smoke_gpu_checks is off"
     assert entry["status"] == "skipped" and entry["reason"].startswith(reason), entry
     assert entry["cases"] and all(case["status"] == "skipped" for case in entry["cases"])
@@ -242,13 +268,24 @@ def test_verify_and_bench_run_inside_the_runtime_on_a_node_and_name_it(deployed,
     data[-1] ^= 0xFF
     files.layer.write_bytes(bytes(data))
     try:
-        edited = run_pyinfra(*arguments, report_dir=tmp_path)
+        edited = run_in_allocation(runtime_lab, *arguments, report_dir=tmp_path, nodes=len(RUNTIME_NODES))
     finally:
         data[-1] ^= 0xFF
         files.layer.write_bytes(bytes(data))
-    assert edited.returncode != 0 and edited.row("mi210-a")["steps"]["verify"]["status"] == "failed"
-    assert edited.row("mi210-a")["steps"]["verify"]["detail"].startswith(
-        f"mi210-a: {files.layer}: SHA-256 differs from {files.record}"), edited.output[-3000:]
+    assert edited.returncode != 0, edited.output[-3000:]
+    details = {node: edited.row(node)["steps"]["verify"] for node in RUNTIME_NODES}
+    assert all(detail["status"] == "failed" for detail in details.values()), details
+    # One node hashed the edited layer; the other has its verdict, both name the layer and its record.
+    assert all(detail["detail"].startswith(f"{node}: {files.layer}: SHA-256 differs from {files.record}")
+               for node, detail in details.items()), details
+    assert sum(detail["detail"].endswith("which sees the same file)") for detail in details.values()) == 1, details
+
+
+def identity(path: Path) -> str:
+    """What the nodes read as the file's identity (cdna2.images.runtime.IDENTITY): inode, size, mtime, ctime (ns)."""
+    status = path.stat()
+    return (f"{status.st_ino} {status.st_size} {status.st_mtime_ns // 10**9}.{status.st_mtime_ns % 10**9:09d} "
+            f"{status.st_ctime_ns // 10**9}.{status.st_ctime_ns % 10**9:09d}")
 
 
 def test_the_runtime_stand_in_honours_the_layers_whiteouts_and_opaque_directories(cached_image, tmp_path):

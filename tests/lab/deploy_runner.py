@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cdna2.host.digests import tree_digest
+from lab import slurm
 from lab.labctl import ssh_argv
 from lab.processes import namespace_processes
 
@@ -40,6 +41,33 @@ def run_pyinfra(*args: str, report_dir: Path, inventory: str = "inventory/sim.py
     report = json.loads(latest.read_text()) if latest.exists() else None
     if latest.exists():
         latest.unlink()  # the next run in this directory must write its own
+    return DeployRun(result.returncode, result.stdout + result.stderr, report)
+
+
+def slurm_environment(lab: dict, **extra: str) -> dict[str, str]:
+    """The environment of a run in the lab's Slurm (``lab``: its lab.json with ``paths``): the client commands'
+    configuration, the lab's Python environment and its mirror's wheels."""
+    mirror = Path(lab["lab_dir"]) / "mirror"
+    return {**slurm.client_environment(lab["paths"]), "CDNA2_TARGET_PYTHON": "/opt/venv/bin/python",
+            "PYINFRA_PROGRESS": "off", "CDNA2_LAB_DIR": lab["lab_dir"], **extra,
+            "CDNA2_DATA": f"wheel_matrix={mirror / 'wheel-matrix.yaml'} wheel_find_links={mirror / 'wheels'}"}
+
+
+def data_args(environment: dict[str, str]) -> list[str]:
+    return [arg for pair in environment["CDNA2_DATA"].split() for arg in ("--data", pair)] + [
+        "--data", "smoke_gpu_checks=false"]  # the lab's GPUs are stand-ins
+
+
+def run_in_allocation(lab: dict, *args: str, report_dir: Path, nodes: int,
+                      salloc: tuple[str, ...] = (), timeout: int = 900) -> DeployRun:
+    """``salloc -N NODES pyinfra inventory/slurm.py ARGS``: a real allocation, the inventory inside it."""
+    environment = slurm_environment(lab, CDNA2_REPORT_DIR=str(report_dir))
+    result = subprocess.run(["salloc", "-Q", f"-N{nodes}", *salloc, str(PYINFRA), "inventory/slurm.py", *args,
+                             *data_args(environment)], cwd=REPO, capture_output=True, text=True, env=environment,
+                            timeout=timeout, stdin=subprocess.DEVNULL)
+    latest = report_dir / "latest.json"
+    report = json.loads(latest.read_text()) if latest.exists() else None
+    latest.unlink(missing_ok=True)
     return DeployRun(result.returncode, result.stdout + result.stderr, report)
 
 

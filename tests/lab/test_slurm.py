@@ -24,7 +24,8 @@ from lab import kinds, slurm, wheelhouse
 from lab.labstate import LabPaths
 from lab.processes import wait_gone
 from tests.lab.conftest import run_lab_command
-from tests.lab.deploy_runner import PYINFRA, REPO, DeployRun, site_packages
+from tests.lab.deploy_runner import (PYINFRA, REPO, data_args, run_in_allocation, site_packages,
+                                     slurm_environment)
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -55,31 +56,6 @@ def slurm_lab() -> dict:
         run_lab_command("down", lab_dir=lab_dir, check=False)
 
 
-def _slurm_environment(lab: dict, **extra: str) -> dict[str, str]:
-    mirror = Path(lab["lab_dir"]) / "mirror"
-    return {**slurm.client_environment(lab["paths"]), "CDNA2_TARGET_PYTHON": "/opt/venv/bin/python",
-            "PYINFRA_PROGRESS": "off", "CDNA2_LAB_DIR": lab["lab_dir"], **extra,
-            "CDNA2_DATA": f"wheel_matrix={mirror / 'wheel-matrix.yaml'} wheel_find_links={mirror / 'wheels'}"}
-
-
-def _data_args(environment: dict[str, str]) -> list[str]:
-    return [arg for pair in environment["CDNA2_DATA"].split() for arg in ("--data", pair)] + [
-        "--data", "smoke_gpu_checks=false"]  # the lab's GPUs are stand-ins
-
-
-def run_in_allocation(lab: dict, *args: str, report_dir: Path, nodes: int = len(NODES),
-                      salloc: tuple[str, ...] = (), timeout: int = 900) -> DeployRun:
-    """``salloc -N NODES pyinfra inventory/slurm.py ARGS``: a real allocation, the inventory inside it."""
-    environment = _slurm_environment(lab, CDNA2_REPORT_DIR=str(report_dir))
-    result = subprocess.run(["salloc", "-Q", f"-N{nodes}", *salloc, str(PYINFRA), "inventory/slurm.py", *args,
-                             *_data_args(environment)], cwd=REPO, capture_output=True, text=True, env=environment,
-                            timeout=timeout, stdin=subprocess.DEVNULL)
-    latest = report_dir / "latest.json"
-    report = json.loads(latest.read_text()) if latest.exists() else None
-    latest.unlink(missing_ok=True)
-    return DeployRun(result.returncode, result.stdout + result.stderr, report)
-
-
 def environment_snapshot(lab: dict) -> dict[str, str]:
     """Digests of the shared environment (every host's /opt/venv is the first host's directory)."""
     site = site_packages(lab["hosts"][0])
@@ -98,15 +74,15 @@ def _start_time_limit_run(lab: dict) -> tuple[subprocess.Popen, str]:
     assert granted.returncode == 0 and found, granted.stderr
     job = found.group(1)
     process = subprocess.Popen([str(PYINFRA), "-y", "inventory/slurm.py", "exec", "--", "sleep", "600"], cwd=REPO,
-                               env={**_slurm_environment(lab), "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": NODES[1]},
+                               env={**slurm_environment(lab), "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": NODES[1]},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return process, job
 
 
 def test_outside_any_allocation_the_run_stops_and_changes_nothing(slurm_lab: dict, tmp_path: Path) -> None:
     before = environment_snapshot(slurm_lab)
-    environment = _slurm_environment(slurm_lab, CDNA2_REPORT_DIR=str(tmp_path), CDNA2_NODELIST=",".join(NODES))
-    result = subprocess.run([str(PYINFRA), "-y", "inventory/slurm.py", "deploy.py", *_data_args(environment)],
+    environment = slurm_environment(slurm_lab, CDNA2_REPORT_DIR=str(tmp_path), CDNA2_NODELIST=",".join(NODES))
+    result = subprocess.run([str(PYINFRA), "-y", "inventory/slurm.py", "deploy.py", *data_args(environment)],
                             cwd=REPO, capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode != 0
     assert "not inside a Slurm allocation: SLURM_JOB_ID is not set" in result.stdout + result.stderr, (
@@ -116,12 +92,12 @@ def test_outside_any_allocation_the_run_stops_and_changes_nothing(slurm_lab: dic
 
 def test_deploy_redeploy_verify_and_rollback_over_slurm_alone(slurm_lab: dict, tmp_path: Path) -> None:
     before = environment_snapshot(slurm_lab)
-    dry = run_in_allocation(slurm_lab, "-y", "deploy.py", "--dry", report_dir=tmp_path)
+    dry = run_in_allocation(slurm_lab, "-y", "deploy.py", "--dry", report_dir=tmp_path, nodes=len(NODES))
     assert dry.returncode == 0 and not dry.report["executed"], dry.output[-3000:]
     assert environment_snapshot(slurm_lab) == before, "--dry changed nothing"
     assert dry.report["transport"]["steps"] == 1, dry.report["transport"]  # the probe, one step for 4 nodes
 
-    deployed = run_in_allocation(slurm_lab, "-y", "deploy.py", report_dir=tmp_path)
+    deployed = run_in_allocation(slurm_lab, "-y", "deploy.py", report_dir=tmp_path, nodes=len(NODES))
     assert deployed.returncode == 0, deployed.output[-4000:]
     assert [deployed.row(node)["outcome"] for node in NODES] == ["provisioned"] * 4
     steps = deployed.report["transport"]
@@ -133,20 +109,21 @@ def test_deploy_redeploy_verify_and_rollback_over_slurm_alone(slurm_lab: dict, t
     assert environment["writer"] == WRITER and sorted(environment["verified_by"]) == NODES, environment
     assert environment_snapshot(slurm_lab) != before
 
-    again = run_in_allocation(slurm_lab, "-y", "deploy.py", report_dir=tmp_path)
+    again = run_in_allocation(slurm_lab, "-y", "deploy.py", report_dir=tmp_path, nodes=len(NODES))
     assert again.returncode == 0 and all(again.row(node)["changes"] == [] for node in NODES), again.output[-3000:]
     assert again.report["transport"]["steps"] == 1, again.report["transport"]
 
-    verified = run_in_allocation(slurm_lab, "-y", "verify.py", report_dir=tmp_path)
+    verified = run_in_allocation(slurm_lab, "-y", "verify.py", report_dir=tmp_path, nodes=len(NODES))
     assert verified.returncode == 0, verified.output[-3000:]
     assert all(verified.row(node)["steps"]["verify"]["status"] == "ok" for node in NODES)
     assert verified.report["transport"]["steps"] == 1, verified.report["transport"]
 
-    limited = run_in_allocation(slurm_lab, "-y", "verify.py", "--limit", NODES[2], report_dir=tmp_path)
+    limited = run_in_allocation(slurm_lab, "-y", "verify.py", "--limit", NODES[2], report_dir=tmp_path,
+                                nodes=len(NODES))
     assert limited.returncode == 0 and [row["host"] for row in limited.report["hosts"]] == [NODES[2]], (
         limited.output[-3000:])
 
-    rolled_back = run_in_allocation(slurm_lab, "-y", "rollback.py", report_dir=tmp_path)
+    rolled_back = run_in_allocation(slurm_lab, "-y", "rollback.py", report_dir=tmp_path, nodes=len(NODES))
     assert rolled_back.returncode == 0, rolled_back.output[-4000:]
     after = environment_snapshot(slurm_lab)
     assert (after["aiter"], after["hsa"]) == (before["aiter"], before["hsa"]), "rollback restores AITER as it was"
@@ -157,7 +134,7 @@ def test_uploads_and_downloads_are_byte_identical(slurm_lab: dict, tmp_path: Pat
     source = tmp_path / "payload.bin"
     source.write_bytes(payload)
     node = NODES[3]
-    environment = _slurm_environment(slurm_lab)
+    environment = slurm_environment(slurm_lab)
     for args in (["files.put", f"src={source}", "dest=/tmp/payload.bin"],
                  ["files.get", "src=/tmp/payload.bin", f"dest={tmp_path / 'back.bin'}"]):
         result = subprocess.run(["salloc", "-Q", "-N1", "-w", node, str(PYINFRA), "-y", "inventory/slurm.py", *args],
@@ -177,7 +154,7 @@ def test_a_step_past_its_time_limit_fails_its_node_with_slurms_words(slurm_lab: 
     # The allocation has ended: a later run in it stops at connecting, with Slurm's answer.
     ended = subprocess.run([str(PYINFRA), "-y", "inventory/slurm.py", "exec", "--", "true"], cwd=REPO,
                            capture_output=True, text=True, timeout=120,
-                           env={**_slurm_environment(slurm_lab), "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": NODES[1]})
+                           env={**slurm_environment(slurm_lab), "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": NODES[1]})
     assert ended.returncode != 0
     assert re.search(rf"{NODES[1]}: (job {job} is TIMEOUT .*its allocation has ended|scontrol show job {job}: "
                      rf"slurm_load_jobs error: Invalid job id)", ended.stdout + ended.stderr), (
@@ -196,9 +173,9 @@ def test_a_node_whose_slurmd_dies_mid_run_fails_alone(slurm_lab: dict, tmp_path:
     Slurm's words, and the environment is whole (verify on the others finds it as deployed)."""
     lost = NODES[-1]
     name = f"cdna2-test-{uuid.uuid4().hex[:8]}"
-    environment = _slurm_environment(slurm_lab, CDNA2_REPORT_DIR=str(tmp_path))
+    environment = slurm_environment(slurm_lab, CDNA2_REPORT_DIR=str(tmp_path))
     run = subprocess.Popen(["salloc", "-Q", "--no-kill", f"-N{len(NODES)}", "-J", name, str(PYINFRA), "-y",
-                            "inventory/slurm.py", "deploy.py", *_data_args(environment)], cwd=REPO,
+                            "inventory/slurm.py", "deploy.py", *data_args(environment)], cwd=REPO,
                            env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     while WRITER not in _job_steps(environment, name):  # a step on the writer alone: its own work has begun
