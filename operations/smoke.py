@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import replace
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from pyinfra import host, state
 from pyinfra.api import operation
@@ -156,12 +157,11 @@ def smoke_passed(report: RunReport, deployed: dict[str, Any], current_state: dic
                         json.dumps(passed, sort_keys=True))
 
 
-# Per run, per distinct pair of files (paths, identities as the nodes saw them, recorded SHA-256): the node that hashed
-# them and what differs from the record (None: nothing). The first host to need a pair hashes it on its node; hosts
-# of the same pair wait for it (pyinfra's greenlets) and take its verdict; when the hashing host fails (its node or
-# step lost), the next one hashes.
-_hash_locks: dict[tuple, threading.Lock] = {}
-_hashed: dict[tuple, tuple[str, str | None]] = {}
+# Per run (pyinfra's State), per distinct pair of files (paths, identities as the nodes saw them, recorded SHA-256):
+# the node that hashed them and what differs from the record (None: nothing). The first host to need a pair hashes it
+# on its node; hosts of the same pair wait for it (pyinfra's greenlets) and take its verdict; when the hashing host
+# fails (its step refused, its connection lost), the next one hashes.
+_hashes: WeakKeyDictionary = WeakKeyDictionary()  # state -> {files: (lock, {"by": node, "problem": text or None})}
 
 
 def image_launch(image: str) -> Launch:
@@ -169,16 +169,15 @@ def image_launch(image: str) -> Launch:
     hashed on one node per distinct pair of files; or RuntimeCheckError."""
     probe = host.get_fact(Command, probe_command(image)) or ""
     launch = launch_of(host.name, image, read_probe(probe.splitlines()))
-    key = launch.files()
-    with _hash_locks.setdefault(key, threading.Lock()):
-        if key not in _hashed:
+    lock, verdict = _hashes.setdefault(host.state, {}).setdefault(launch.files(), (threading.Lock(), {}))
+    with lock:
+        if not verdict:
             output = host.get_fact(Command, hash_command(launch)) or ""
-            _hashed[key] = (host.name, hash_problem(launch, output.splitlines()))
-    hashed_by, problem = _hashed[key]
-    if problem is not None:
-        raise RuntimeCheckError(f"{host.name}: {problem}" + ("" if hashed_by == host.name else
-                                                             f" (hashed on {hashed_by}, which sees the same file)"))
-    return replace(launch, hashed_by=hashed_by)
+            verdict.update(by=host.name, problem=hash_problem(launch, output.splitlines()))
+    if verdict["problem"] is not None:
+        raise RuntimeCheckError(f"{host.name}: {verdict['problem']}" + (
+            "" if verdict["by"] == host.name else f" (hashed on {verdict['by']}, which sees the same file)"))
+    return replace(launch, hashed_by=verdict["by"])
 
 
 def smoke_inside(report: RunReport, launch: Launch, host_arch: str | None, gpu_checks: bool,

@@ -92,8 +92,10 @@ def test_the_deploy_skips_hosts_whose_smoke_step_cannot_prove_the_asm_path() -> 
 IMAGE = "/project/images/vllm.sif"
 RECORD = {"image_sha256": "a" * 64, "layer_sha256": "b" * 64, "layer": "vllm.gfx90a-layer.sqsh",
           "files": ["opt/venv/lib/python3.11/site-packages/aiter_meta/hsa/gfx90a/fmha.co"]}
-PROBE = f"runtime=/usr/bin/singularity\nversion=singularity-ce version 4.1.0\nimage=found\n--- record\n" \
-        f"{json.dumps(RECORD)}"
+IDENTITY = "4711 1234 1796680000.000000000 1796680000.000000000"  # inode, size, mtime, ctime (ns)
+PROBE = (f"runtime=/usr/bin/singularity\nversion=singularity-ce version 4.1.0\nimage=found\n"
+         f"image_identity={IDENTITY}\nlayer_identity={IDENTITY}\n--- record\n{json.dumps(RECORD)}")
+HASHED = f"file0={IDENTITY}|{'b' * 64}|{IDENTITY}\nfile1={IDENTITY}|{'a' * 64}|{IDENTITY}"  # both as recorded
 IMAGE_BENCH = "-m cdna2.host.bench --site-packages"
 
 
@@ -104,8 +106,8 @@ def smoke_report(gpu_status: str) -> str:
                        "wrong": 0, "skipped": 0, "families": {}})
 
 
-def run_image_bench_op(smoke: str, host_arch: str = "gfx90a"):
-    state, host = fake_host({"command -v singularity": PROBE, "-m cdna2.host.smoke": smoke,
+def run_image_bench_op(smoke: str, host_arch: str = "gfx90a", hashed: str = HASHED):
+    state, host = fake_host({"command -v singularity": PROBE, "sha256sum <": hashed, "-m cdna2.host.smoke": smoke,
                              IMAGE_BENCH: runner_output("ok")})
     report = RunReport(mode="bench", inventory="test")
     bench_report = BenchReport(inventory="test", budget_seconds=120, cases=CASES)
@@ -125,9 +127,18 @@ def test_inside_an_image_the_cases_run_after_the_smoke_test_passed_there_and_the
     entry = bench_report.hosts["@fake/a"]
     assert entry["status"] == "benchmarked" and entry["runtime"]["version"] == "singularity-ce version 4.1.0"
     assert (entry["runtime"]["image"], entry["runtime"]["layer_sha256"]) == (IMAGE, "b" * 64)
+    assert entry["runtime"]["hashed_by"] == "@fake/a" and ran_in_image(host, "cdna2.host.smoke")
     assert report.host("@fake/a").steps["bench"].cell() == "ok: 2 ok in 80 s inside singularity-ce version 4.1.0"
     assert report.host("@fake/a").details["runtime"] == entry["runtime"]
     assert "- @fake/a: singularity-ce version 4.1.0 (/usr/bin/singularity)" in bench_report.to_markdown(None)
+
+
+def test_inside_an_image_a_layer_that_differs_from_its_record_fails_the_node_and_nothing_runs() -> None:
+    state, host, report, bench_report = run_image_bench_op(smoke_report("passed"),
+                                                           hashed=HASHED.replace("b" * 64, "c" * 64))
+    assert host in state.failed_hosts and not ran_in_image(host, "cdna2.host.smoke")
+    assert bench_report.hosts["@fake/a"]["reason"].startswith(
+        "@fake/a: /project/images/vllm.gfx90a-layer.sqsh: SHA-256 differs from /project/images/vllm.gfx90a-layer.json")
 
 
 def test_inside_an_image_a_failing_smoke_test_fails_the_node_and_nothing_is_timed() -> None:
