@@ -221,9 +221,10 @@ def test_verify_and_bench_run_inside_the_runtime_on_the_nodes_and_name_it(deploy
     hashed_by = {run.row(node)["details"]["runtime"].pop("hashed_by") for node in RUNTIME_NODES}
     assert len(hashed_by) == 1 and hashed_by <= set(RUNTIME_NODES), hashed_by  # one node read the files
     (hasher,) = hashed_by
-    # The hashing node's own step, and no other step on one node alone: the probe and the smoke test are one step
-    # across both nodes each.
-    assert run.report["transport"]["node_steps_by_node"] == {hasher: 1}, run.report["transport"]
+    # The hashing node's own step, and no other step on one node alone: the node's probe, the runtime's probe and
+    # the smoke test are one step across both nodes each.
+    steps = run.report["transport"]
+    assert (steps["node_steps_by_node"], steps["fanout_steps"], steps["fanout_nodes"]) == ({hasher: 1}, 3, 6), steps
     for node in RUNTIME_NODES:
         row = run.row(node)
         runtime = row["details"]["runtime"]
