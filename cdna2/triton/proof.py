@@ -275,6 +275,11 @@ LOOKUPS = (
      "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
     {"id": "mhc_post", "function": "get_mhc_post_config", "args": [4096, 7168],
      "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
+    # chunked delta attention (v0.1.20 on): what gla_output.py registers as its output kernel's autotune config at
+    # import, the file's entry, else the fallback written beside the kernel (passed as it passes it)
+    {"id": "chunk_delta_attn", "function": "chunk_delta_attn_tuned_config",
+     "args": [recipes.delta_attention.KERNEL, {"config": recipes.delta_attention.FALLBACK}],
+     "modules": ["aiter.ops.triton._triton_kernels.chunk_delta_attn.chunk_delta_attn_utils"]},
 )
 
 

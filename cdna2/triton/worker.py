@@ -5,7 +5,9 @@ Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"i
 "tensor_dtype", "tensors", "language_dtypes"?, "arch"?}]}`` (``cdna2.triton.recipes`` writes them): the first of
 ``modules`` present in the tree holds ``kernel``; pointers are Triton MockTensors of ``tensor_dtype`` (or the dtype
 ``tensors`` names); a constexpr named in ``language_dtypes`` gets that ``tl`` dtype (a compute type); a value
-``{"call", "modules", "args"}`` is what that AITER function returns (a ``@triton.jit`` activation, say).
+``{"call", "modules", "args"}`` is what that AITER function returns (a ``@triton.jit`` activation, say). A kernel
+under ``@triton.autotune`` is compiled with the one config the request's ``autotune`` names (its Config's kwargs,
+``num_warps`` and ``num_stages``), never with the autotuner's own.
 With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead,
 as they run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
 ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
@@ -54,6 +56,7 @@ def _minimal_torch() -> types.ModuleType:
 
     dtype.__module__ = Tensor.__module__ = "torch"
     torch.dtype, torch.Tensor = dtype, Tensor
+    torch.LongTensor = Tensor  # an annotation chunk_delta_attn's helpers evaluate at import
     for name in set(DTYPES.values()) | set(FINFO):
         setattr(torch, name, dtype(name))
     torch.float = torch.float32  # moe_config_utils compares the activation dtype with torch.float
@@ -127,12 +130,16 @@ def measure(kernel) -> dict:
 
 
 def _jit_function(kernel):
-    """The JITFunction under ``kernel`` and the names its decorators (``triton.heuristics``) compute."""
-    computed = set()
+    """The JITFunction under ``kernel``, the ``triton.heuristics`` value tables above it (outermost first, the order
+    Heuristics.run computes them in), and the names an ``@triton.autotune`` among them tunes (None: not autotuned)."""
+    heuristics, tuned = [], None
     while not hasattr(kernel, "params"):
-        computed |= set(getattr(kernel, "values", {}))
+        if hasattr(kernel, "configs"):  # an Autotuner: its configs are never used, the request names one
+            tuned = {name for config in kernel.configs for name in config.kwargs}
+        else:
+            heuristics.append(kernel.values)
         kernel = kernel.fn
-    return kernel, computed
+    return kernel, heuristics, tuned
 
 
 def _kernel(site_packages: Path, modules: list[str], name: str):
@@ -180,27 +187,60 @@ def _resolved(site_packages: Path, value):
     return value
 
 
+def _autotune_config(request: dict, tuned: set[str] | None) -> dict:
+    """The config an autotuned kernel is compiled with: the request's ``autotune``, exactly the autotuner's names
+    plus num_warps and num_stages (an autotuner warms every config it holds; this compiles the one the proof asks)."""
+    named = request.get("autotune")
+    if tuned is None:
+        if named is not None:
+            raise ValueError(f"{request['kernel']} is not under @triton.autotune; the request names an autotune config")
+        return {}
+    if named is None or set(named) != tuned | {"num_warps", "num_stages"}:
+        raise ValueError(f"{request['kernel']} is under @triton.autotune over {sorted(tuned)}: the request's "
+                         f"'autotune' must name exactly those, num_warps and num_stages (got {sorted(named or {})})")
+    return named
+
+
 def compile_one(site_packages: Path, request: dict, torch) -> dict:
     module, kernel = _kernel(site_packages, request["modules"], request["kernel"])
-    jit, computed = _jit_function(kernel)
-    request = {**request, "values": {name: _resolved(site_packages, value)
-                                     for name, value in request["values"].items()}}
-    arguments, ignored = kernel_arguments(jit, computed, request, torch)
+    jit, heuristics, tuned = _jit_function(kernel)
+    values = {name: _resolved(site_packages, value) for name, value in request["values"].items()}
+    request = {**request, "values": {**values, **_autotune_config(request, tuned)}}
+    arguments, ignored = kernel_arguments(jit, {name for table in heuristics for name in table}, request, torch)
+    for table in heuristics:  # as Heuristics.run: each value from the arguments and the values computed before it
+        for name, heuristic in table.items():
+            arguments[name] = heuristic(dict(arguments))
     jit.device_caches.clear()  # its binder holds the target of its first compile; this request may name another
-    compiled = kernel.warmup(grid=(1,), **arguments)
+    compiled = jit.warmup(grid=(1,), **arguments)
     return {"id": request["id"], "ok": True, "kernel": f"{module}:{request['kernel']}", "ignored": ignored,
             **measure(compiled)}
 
 
+def _lookup_argument(value, torch):
+    """A lookup argument as AITER passes it: ``{"dtype": "bf16"}`` a torch dtype, ``{"config": {...}}`` a
+    triton.Config (a fallback tile: its kwargs, num_warps and num_stages)."""
+    if isinstance(value, dict) and "dtype" in value:
+        return getattr(torch, DTYPES[value["dtype"]])
+    if isinstance(value, dict) and "config" in value:
+        import triton
+
+        kwargs = dict(value["config"])
+        return triton.Config(kwargs, num_warps=kwargs.pop("num_warps"), num_stages=kwargs.pop("num_stages"))
+    return value
+
+
 def look_up(site_packages: Path, request: dict, torch) -> dict:
     """Call AITER's own config lookup (``request["function"]`` of the first of ``modules`` in the tree) with the
-    arch the stand-in driver reports; ``{"dtype": "bf16"}`` arguments become torch dtypes."""
+    arch the stand-in driver reports; a triton.Config it returns is answered as its kwargs, num_warps and
+    num_stages."""
     module, function = _kernel(site_packages, request["modules"], request["function"])
-    args = [getattr(torch, DTYPES[arg["dtype"]]) if isinstance(arg, dict) else arg for arg in request.get("args", [])]
+    args = [_lookup_argument(arg, torch) for arg in request.get("args", [])]
     # keyword arguments the release's lookup does not take are dropped (0.1.7's HSTU lookups take seven, later one)
     taken = inspect.signature(function).parameters
     found = function(*args, **{name: value for name, value in request.get("kwargs", {}).items() if name in taken})
     config = found[0] if isinstance(found, tuple) else found  # 0.1.20's GEMM lookup also says whether it was tuned
+    if hasattr(config, "all_kwargs"):  # get_tuned_kernel_config's triton.Config
+        config = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     return {"id": request["id"], "ok": True, "function": f"{module}:{request['function']}", "config": dict(config)}
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from cdna2.triton.recipes import attention, conv, gemm, mhc, moe, norm, rope, sizes, unified_attention
+from cdna2.triton.recipes import (attention, conv, delta_attention, gemm, mhc, moe, norm, rope, sizes,
+                                  unified_attention)
 
 # One module per op family; a new family's module is added here and to MODULES (the proof's cache key reads them).
-MODULES = (sizes, gemm, attention, moe, conv, mhc, unified_attention, rope, norm)
+MODULES = (sizes, gemm, attention, moe, conv, mhc, unified_attention, rope, norm, delta_attention)
 # A recipe is f(config, key, shape, **host_inputs): the keyword arguments are the values AITER's wrapper reads from
 # the device at run time, named by the op's host_inputs in the rules (the host's, never MI300X's).
 RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
@@ -31,9 +32,11 @@ RECIPES: dict[str, Callable[..., list[sizes.Path]]] = {
     "conv_winograd_input": conv.conv_winograd_input, "conv_winograd_output": conv.conv_winograd_output,
     "mhc_fused_sinkhorn": mhc.mhc_fused_sinkhorn, "mhc_post": mhc.mhc_post,
     "unified_attention": unified_attention.unified_attention, "rope_cached_2c_inplace": rope.rope_cached_2c_inplace,
-    "fused_add_rmsnorm_pad": norm.fused_add_rmsnorm_pad}
+    "fused_add_rmsnorm_pad": norm.fused_add_rmsnorm_pad, "chunk_gla_fwd_o": delta_attention.chunk_gla_fwd_o}
 # Ops whose wrapper chooses the config in code, per call: recipe name -> the calls vLLM makes, each with the config
 # the wrapper picks on a host of that many CUs (``{case: config}``); each is compiled by RECIPES[name] as it is.
+# chunk_gla_fwd_o's is the fallback its kernel is registered with where the arch has no config file.
 IN_CODE: dict[str, Callable[[int], dict[str, dict]]] = {"unified_attention": unified_attention.cases,
                                                         "rope_cached_2c_inplace": rope.cases,
-                                                        "fused_add_rmsnorm_pad": norm.cases}
+                                                        "fused_add_rmsnorm_pad": norm.cases,
+                                                        "chunk_gla_fwd_o": delta_attention.cases}

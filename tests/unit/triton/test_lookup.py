@@ -1,7 +1,8 @@
 """AITER's own config lookups, run as on a gfx90a host, find the configs of every op the aiter-triton-gfx90a set gives
 one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing, conv from 0.1.18, mHC)
 on every AITER release once the set is applied, and fail by name without it (the MoE lookup falls back to a default
-written in code, mHC's pre step to gfx942's files)."""
+written in code, mHC's pre step to gfx942's files, chunked delta attention, v0.1.20 on, to the fallback written beside
+its kernel, with or without the set)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.patches.cli import apply_in_place
 from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.proof import CONFIGS, LOOKUPS, look_up
+from cdna2.triton.recipes import delta_attention
 from lab import wheelhouse
 from releases import coverage, discovery
 
@@ -31,6 +33,7 @@ GEMM_VARIANTS = ("batched_gemm_a16w16", "batched_gemm_a16w16 N=1024 K=4096", "ge
                  "gemm_a16w16_gated", "ff_a16w16_fused", "gmm")
 CONV = [lookup["id"] for lookup in LOOKUPS if lookup["id"].startswith("conv ")]
 CONV_FROM = ["v0.1.18", "v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
+DELTA_ATTENTION = "gfx90a/triton/attention/chunk_delta_attn/DEFAULT.json"
 
 
 def _patched(catalog, tree, scratch):
@@ -77,7 +80,7 @@ def catalog():
 
 def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir, tmp_path):
     files = catalog.target_files("amd-aiter")
-    checked, specialised_found, conv_found = [], [], []
+    checked, specialised_found, conv_found, delta_found = [], [], [], []
     for release in _releases(aiter_git_dir):
         scratch = tmp_path / release
         if release == "0.1.7":
@@ -123,6 +126,14 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             conv_found.append(release)
         else:
             assert all(found[lookup]["error"].startswith("LookupError") for lookup in CONV), (release, found)
+        # chunked delta attention (v0.1.20 on): the set does not add its file (a directory AITER's tree lacks), so
+        # gla_output.py registers the fallback written beside its kernel (test_delta_attention.py: with the file)
+        if (root / CONFIGS / "gfx942" / "triton" / "attention" / "chunk_delta_attn").is_dir():
+            assert not (root / CONFIGS / DELTA_ATTENTION).exists()
+            assert found["chunk_delta_attn"].get("config") == delta_attention.FALLBACK, (release, found)
+            delta_found.append(release)
+        else:
+            assert found["chunk_delta_attn"]["error"].startswith("LookupError"), (release, found["chunk_delta_attn"])
         mhc_added = sorted((root / CONFIGS).glob("gfx90a-MHC_*.json"))
         if release == "0.1.7":
             assert not gfx942_mhc and found["mhc_post"]["error"].startswith("LookupError"), found["mhc_post"]
@@ -136,6 +147,7 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
     assert len(checked) == 16, checked
     assert specialised_found == ["v0.1.19", "v0.1.19.post1", "v0.1.19.post2", "v0.1.20", "v0.1.20.post1", "main"]
     assert conv_found == CONV_FROM and len(CONV) == 7
+    assert delta_found == ["v0.1.20", "v0.1.20.post1", "main"]
 
 
 @pytest.mark.parametrize("release", ["0.1.7", "v0.1.19.post2", "v0.1.20.post1"])
@@ -147,6 +159,11 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     # mHC: its lookups find no module); every other one fails by name
     falls_back = {op for op in found if op.startswith("moe ")} | {"mhc_fused_sinkhorn"} if release != "0.1.7" else set()
     absent = {"mhc_fused_sinkhorn", "mhc_post"} if release == "0.1.7" else set()
+    if release == "v0.1.20.post1":  # chunked delta attention registers the fallback written beside its kernel
+        falls_back.add("chunk_delta_attn")
+        assert found["chunk_delta_attn"]["config"] == delta_attention.FALLBACK, found["chunk_delta_attn"]
+    else:  # it comes with v0.1.20
+        absent.add("chunk_delta_attn")
     assert len(found) == len(LOOKUPS) and not any(found[op]["ok"] for op in set(found) - falls_back), found
     absent |= set(CONV) if release == "0.1.7" else set()  # conv comes with 0.1.18
     assert all(found[op]["error"].startswith("LookupError") for op in absent), found
