@@ -283,6 +283,9 @@ LOOKUPS = (
     # mHC (v0.1.16 on), M = 4096 tokens of a 2048-wide hidden state: the -C=1024 file's M_LEQ_4096 bucket
     {"id": "mhc_fused_sinkhorn", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 2048],
      "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
+    # a DeepSeek-sized hidden state (C = 7168): the -C=4096 file's M_LEQ_4096 bucket
+    {"id": "mhc_fused_sinkhorn C=4096", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 7168],
+     "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
     {"id": "mhc_post", "function": "get_mhc_post_config", "args": [4096, 7168],
      "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
 )
