@@ -222,7 +222,7 @@ else:
         report.host(host.name).details[step] = plan.to_json()
         if package == "amd-aiter" and triton_proof:
             report.host(host.name).details["triton proof"] = {
-                key: triton_proof[key] for key in ("triton", "tree_digest", "host", "source", "seconds")}
+                key: triton_proof[key] for key in ("triton", "tree_digest", "host", "source", "seconds", "reused")}
         patch_sets[package] = plan.sets
         status = plan_step_status(plan.status)
         report.step(host.name, step, status, ", ".join(f"{name} (variant {plan.variants[name]})" for name in plan.sets)

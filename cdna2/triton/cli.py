@@ -14,7 +14,7 @@ DEFAULT_TRITON = "3.7.1"  # the triton the deploy installs after amd-aiter
 
 def table(result: dict) -> str:
     lines = [f"triton {result['triton']}, host {result['host']}, AITER tree {result['tree_digest'][:12]}"
-             f" ({result['source']}), proof took {result['seconds']} s"]
+             f" ({result['source']}), proof took {result['seconds']} s ({result['reused']} compiles reused)"]
     for entry in result["entries"]:
         head = f"{entry['status']:<13} {entry['op']:<40} {entry['file']}"
         if entry["status"] == "in-code":

@@ -185,13 +185,16 @@ def _shape(relative: str) -> tuple[int, ...] | None:
 
 
 def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: str, progress,
-                kind: str = "compiles") -> dict[str, dict]:
+                kind: str = "compiles", results: Path | None = None) -> tuple[dict[str, dict], int]:
+    """The worker's answer to ``requests`` by id, and how many of its compiles it read from ``results`` (the
+    measured results of earlier compiles, worker.reuse_compiles; None: every kernel compiled)."""
     if not requests:
-        return {}
-    job = {"site_packages": str(site_packages), "arch": arch, kind: requests}
+        return {}, 0
+    job = {"site_packages": str(site_packages), "arch": arch, kind: requests,
+           "results": str(results) if results else None}
     worker = Path(__file__).with_name("worker.py")
     with tempfile.TemporaryDirectory(prefix="cdna2-triton-") as scratch:
-        # A fresh Triton cache: the proof compiles every kernel itself; its own cache is the proof's result.
+        # A fresh Triton cache: what is not reused is compiled here, never taken from an earlier run's binaries
         env = {**os.environ, "TRITON_CACHE_DIR": scratch, "PYTHONNOUSERSITE": "1"}
         env.pop("PYTHONPATH", None)
         process = subprocess.Popen([str(python), str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -214,7 +217,14 @@ def _run_worker(python: Path, site_packages: Path, requests: list[dict], arch: s
         if process.wait() != 0:
             raise ProofError(f"the compile worker ({python}) failed (exit {process.returncode}): "
                              f"{''.join(errors)[-2000:]}")
-    return {result["id"]: result for result in json.loads(output)["results"]}
+    found = json.loads(output)
+    return {result["id"]: result for result in found["results"]}, found["reused"]
+
+
+def compile_results() -> Path:
+    """Where the workers keep the measured result of each compile, by Triton's identity of it (shared by every tree,
+    proof and triton version: the identity holds the version)."""
+    return cache_root() / "triton-results"
 
 
 # AITER's config lookups of the ops the aiter-triton-gfx90a set gives configs, by release layout.
@@ -273,6 +283,9 @@ LOOKUPS = (
     # mHC (v0.1.16 on), M = 4096 tokens of a 2048-wide hidden state: the -C=1024 file's M_LEQ_4096 bucket
     {"id": "mhc_fused_sinkhorn", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 2048],
      "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
+    # a DeepSeek-sized hidden state (C = 7168): the -C=4096 file's M_LEQ_4096 bucket
+    {"id": "mhc_fused_sinkhorn C=4096", "function": "get_mhc_config", "args": ["MHC_FUSED", 4096, 7168],
+     "kwargs": {"mode": "sinkhorn"}, "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
     {"id": "mhc_post", "function": "get_mhc_post_config", "args": [4096, 7168],
      "modules": ["aiter.ops.triton.utils.mhc_config_utils"]},
     # chunked delta attention (v0.1.20 on): what gla_output.py registers as its output kernel's autotune config at
@@ -287,7 +300,7 @@ def look_up(site_packages: Path, triton_version: str, arch: str) -> dict[str, di
     """AITER's own config lookups of the ops the set gives configs (LOOKUPS) in ``site_packages``, run as on a host
     of ``arch``: ``{op: {"ok", "config" | "error"}}``."""
     python = toolchain.triton_python(triton_version)
-    return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")
+    return _run_worker(python, site_packages, list(LOOKUPS), arch, lambda line: None, kind="lookups")[0]
 
 
 def _problem(proof: ConfigProof, limit: int) -> str:
@@ -323,7 +336,10 @@ def config_compiles(op: dict, config: dict, key: str, file: str, profile: dict) 
     return recipes.RECIPES[op["recipe"]](config, below, _shape(file), **inputs)
 
 
-def prove_files(site_packages: Path, triton_version: str, host: str, progress=lambda line: None) -> list[FileProof]:
+def prove_files(site_packages: Path, triton_version: str, host: str,
+                progress=lambda line: None) -> tuple[list[FileProof], int]:
+    """Every config file of the tree classified, and the proven ones compiled; and how many compiles were read from
+    ``compile_results()`` rather than made."""
     rules = load_rules()
     configs = site_packages / CONFIGS
     python = toolchain.triton_python(triton_version)
@@ -344,7 +360,7 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
             proof.configs.append(ConfigProof(key, config, _with_host(config, rules, host)))
         proof.derived = kept
         pending.extend((proof, config) for config in proof.configs)
-    first = True
+    first, reused = True, 0
     for _ in range(MAX_STEPS + 1):
         if not pending:
             break
@@ -356,7 +372,10 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
                     requests.append({**request, "id": identifier, "arch": arch})
                     owners[identifier] = (config, arch, path)
         progress(f"compiling {len(requests)} kernels of {len(pending)} configs")
-        for identifier, result in _run_worker(python, site_packages, requests, "gfx90a", progress).items():
+        answers, reused_now = _run_worker(python, site_packages, requests, "gfx90a", progress,
+                                          results=compile_results())
+        reused += reused_now
+        for identifier, result in answers.items():
             config, arch, path = owners[identifier]
             (config.paths if arch == "gfx90a" else config.baseline)[path] = result
         first = False
@@ -391,7 +410,7 @@ def prove_files(site_packages: Path, triton_version: str, host: str, progress=la
         proof.status = "stepped-down" if any(config.steps for config in proof.configs) else "derived"
         for config in proof.configs:
             _replace(proof.derived, config.key.split("."), config.config)
-    return proofs
+    return proofs, reused
 
 
 def _replace(document: dict, keys: list[str], value: dict) -> None:
@@ -441,7 +460,8 @@ def known_proof(triton_version: str, digest: str, host: str) -> dict | None:
 
 def prove(site_packages: Path, triton_version: str, host: str | None = None, progress=lambda line: None) -> dict:
     """The proof of one tree: committed, cached, or made now and cached. ``{"triton", "tree_digest", "host",
-    "code_digest", "entries", "files", "seconds", "source"}``; ``source`` says which."""
+    "code_digest", "entries", "files", "seconds", "reused", "source"}``; ``source`` says which; ``seconds`` is what
+    making it took, ``reused`` how many of its compiles were read back from earlier ones (0: a cold proof)."""
     rules = load_rules()
     host = host or rules["default_host"]
     if host not in rules["hosts"]:
@@ -453,12 +473,12 @@ def prove(site_packages: Path, triton_version: str, host: str | None = None, pro
         if found is not None:
             return found
         started = time.monotonic()
-        proofs = prove_files(site_packages, triton_version, host, progress)
+        proofs, reused = prove_files(site_packages, triton_version, host, progress)
         files = derived_files(proofs)
         result = {"triton": triton_version, "tree_digest": digest, "host": host, "code_digest": proof_code_digest(),
                   "entries": [proof.to_json() for proof in proofs],
                   "files": {path: data.decode() for path, data in files.items()},
-                  "seconds": round(time.monotonic() - started, 1)}
+                  "seconds": round(time.monotonic() - started, 1), "reused": reused}
         cached.parent.mkdir(parents=True, exist_ok=True)
         staging = cached.with_suffix(f".{os.getpid()}.tmp")
         staging.write_text(json.dumps(result, indent=1, sort_keys=True))

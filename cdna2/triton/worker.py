@@ -9,9 +9,11 @@ Input (stdin, JSON): ``{"site_packages": DIR, "arch": "gfx90a", "compiles": [{"i
 under ``@triton.autotune`` is compiled with the one config the request's ``autotune`` names (its Config's kwargs,
 ``num_warps`` and ``num_stages``), never with the autotuner's own.
 With ``"lookups": [{"id", "modules", "function", "args", "kwargs"}]`` it calls AITER's own config lookups instead,
-as they run on a host of that arch. Output (stdout, JSON): one result per lookup (``config`` or ``error``), per compile:
-``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``, ``sgprs``, ``vgpr_spills``, ``sgpr_spills``,
-``scratch_bytes``, ``mfma`` (instruction -> count).
+as they run on a host of that arch. With ``"results": DIR`` a compile Triton has measured before (in any tree, any
+earlier job) is not compiled again: its measured result is read from DIR (``reuse_compiles``). Output (stdout, JSON):
+one result per lookup (``config`` or ``error``), per compile: ``ok``, ``error``, ``lds_bytes``, ``vgprs``, ``agprs``,
+``sgprs``, ``vgpr_spills``, ``sgpr_spills``, ``scratch_bytes``, ``mfma`` (instruction -> count); and ``reused``, how
+many compiles were read from DIR.
 
 What this stands in for, and why: Triton asks the active driver for the target, the device and the stream before it
 compiles (a stand-in answers gfx90a, device 0); the AMD backend imports ``torch`` to size pointer ranges and the
@@ -21,9 +23,11 @@ package ``__init__`` files import its C++ extensions (the packages are registere
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import json
+import os
 import re
 import sys
 import types
@@ -114,9 +118,19 @@ _REGISTER = {"vgprs": r"\.vgpr_count:\s+(\d+)", "agprs": r"\.agpr_count:\s+(\d+)
              "scratch_bytes": r"\.private_segment_fixed_size:\s+(\d+)"}
 
 
+class MeasuredCompile:
+    """A compile whose measured result was read back (``reuse_compiles``): what Triton's JIT gets in place of the
+    CompiledKernel, and ``measure`` returns as it was measured."""
+
+    def __init__(self, measured: dict) -> None:
+        self.measured = measured
+
+
 def measure(kernel) -> dict:
     """LDS from the metadata (Triton checks it only at load time), registers, spills, scratch and MFMA from the
     kernel's amdgcn and its code-object metadata."""
+    if isinstance(kernel, MeasuredCompile):
+        return kernel.measured
     asm = kernel.asm["amdgcn"]
     found = {"lds_bytes": int(kernel.metadata.shared)}
     for key, pattern in _REGISTER.items():
@@ -244,6 +258,46 @@ def look_up(site_packages: Path, request: dict, torch) -> dict:
     return {"id": request["id"], "ok": True, "function": f"{module}:{request['function']}", "config": dict(config)}
 
 
+def reuse_compiles(results: Path, counts: dict[str, int]) -> None:
+    """Wrap ``triton.compiler.compile`` (what every JITFunction's binder calls to compile) so that a compile whose
+    identity was measured before returns that measurement (a MeasuredCompile) instead of compiling again, and a
+    compile that succeeds stores its measurement in ``results`` (one small JSON per compile, staged and renamed: safe
+    beside other workers); a compile that fails raises as before and stores nothing.
+
+    The identity is the key Triton's own on-disk cache takes the kernel by (triton 3.7.1, compiler.compile ->
+    runtime.cache.get_cache_key): triton_key() (its version and the hashes of its compiler, backends, language and
+    libtriton), the ASTSource's hash (the JITFunction's cache_key: its source, its line, the cache_keys of the jit
+    functions it calls and the constexpr globals it reads; the signature, the constexpr values, the specialisation
+    attributes), the backend's hash (the target: arch, warp size) and the parsed options' hash (warps, stages,
+    waves_per_eu, every HIPOptions field) and the cache-invalidating environment variables. Triton trusts that key to
+    hand back the compiled binary; the measurement is a function of the binary and of ``measure``, whose source is
+    in the key too."""
+    import triton.compiler
+    from triton.compiler import get_cache_key, make_backend
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    compile_kernel = triton.compiler.compile
+    measuring = hashlib.sha256((inspect.getsource(measure) + json.dumps(_REGISTER)).encode()).hexdigest()
+    results.mkdir(parents=True, exist_ok=True)
+
+    def compile_or_reuse(src, target=None, options=None, _env_vars=None):
+        backend = make_backend(target)  # the JIT always names its target
+        parsed = backend.parse_options(dict(options or {}, **src.parse_options()))
+        env_vars = get_cache_invalidating_env_vars() if _env_vars is None else _env_vars
+        identity = f"{get_cache_key(src, backend, parsed, env_vars)}\0{measuring}"
+        stored = results / f"{hashlib.sha256(identity.encode()).hexdigest()}.json"
+        if stored.is_file():
+            counts["reused"] += 1
+            return MeasuredCompile(json.loads(stored.read_text()))
+        kernel = compile_kernel(src, target=target, options=options, _env_vars=_env_vars)
+        staging = stored.with_name(f"{stored.stem}.{os.getpid()}.tmp")
+        staging.write_text(json.dumps(measure(kernel)))  # key order kept: a reused result reads as measured
+        os.replace(staging, stored)
+        return kernel
+
+    triton.compiler.compile = compile_or_reuse
+
+
 def main() -> int:
     job = json.load(sys.stdin)
     site_packages = Path(job["site_packages"])
@@ -252,6 +306,9 @@ def main() -> int:
     from triton.runtime import driver
 
     sys.path.insert(0, str(site_packages))
+    counts = {"reused": 0}
+    if job.get("results"):
+        reuse_compiles(Path(job["results"]), counts)
     results = []
     answer = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the JSON answer only; AITER prints (0.1.7's batched lookup its path)
@@ -268,8 +325,9 @@ def main() -> int:
         except Exception as error:  # one kernel's failure is that kernel's result, named, not the run's
             message = f"{type(error).__name__}: {error}".strip().splitlines()
             results.append({"id": request["id"], "ok": False, "error": " / ".join(message[-3:])[:600]})
-        print(f"compiled {len(results)}/{len(job['compiles'])}", file=sys.stderr, flush=True)
-    json.dump({"triton": triton.__version__, "results": results}, answer)
+        print(f"compiled {len(results)}/{len(job['compiles'])} ({counts['reused']} reused)", file=sys.stderr,
+              flush=True)
+    json.dump({"triton": triton.__version__, "results": results, "reused": counts["reused"]}, answer)
     return 0
 
 

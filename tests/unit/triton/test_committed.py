@@ -95,7 +95,7 @@ def test_a_sample_recompile_reproduces_the_committed_entries(release, ref, aiter
     requests, expected = sample_requests(found)
     assert {identifier.split("|")[0] for identifier in expected} == {
         entry["op"] for entry in found["entries"] if entry["status"] in ("derived", "stepped-down", "in-code")}
-    results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
+    results, _ = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
     assert set(results) == set(expected)
     for identifier, result in results.items():
         assert {key: result.get(key) for key in FIELDS} == {key: expected[identifier].get(key) for key in FIELDS}, \

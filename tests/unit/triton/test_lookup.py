@@ -137,10 +137,11 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
         mhc_added = sorted((root / CONFIGS).glob("gfx90a-MHC_*.json"))
         if release == "0.1.7":
             assert not gfx942_mhc and found["mhc_post"]["error"].startswith("LookupError"), found["mhc_post"]
-        else:  # M = 4096 tokens, C = 2048: the -C=1024 file's M_LEQ_4096 bucket; mhc_post's "default"
-            assert len(gfx942_mhc) == 7 and len(mhc_added) == 5, mhc_added  # not -C=4096, -C=32768: unproven
-            expected = json.loads((derived / "gfx90a-MHC_FUSED_SINKHORN-C=1024.json").read_text())["M_LEQ_4096"]
-            assert found["mhc_fused_sinkhorn"]["config"] == expected, (release, found["mhc_fused_sinkhorn"])
+        else:  # M = 4096 tokens, C = 2048 and 7168: the -C=1024 and -C=4096 files' M_LEQ_4096; mhc_post's "default"
+            assert len(gfx942_mhc) == 7 and len(mhc_added) == 6, mhc_added  # not -C=32768: unproven
+            for lookup, file in (("mhc_fused_sinkhorn", "C=1024"), ("mhc_fused_sinkhorn C=4096", "C=4096")):
+                expected = json.loads((derived / f"gfx90a-MHC_FUSED_SINKHORN-{file}.json").read_text())["M_LEQ_4096"]
+                assert found[lookup]["config"] == expected, (release, found[lookup])
             expected = json.loads((derived / "gfx90a-MHC_POST.json").read_text())["default"]
             assert found["mhc_post"]["config"] == expected, (release, found["mhc_post"])
         checked.append(release)
@@ -157,8 +158,9 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     expected = "KeyError" if release == "0.1.7" else "FileNotFoundError"  # 0.1.7: no gfx90a device name
     # MoE's lookup falls back to a default written in code from 0.1.16 on, mHC's to gfx942's files (0.1.7 has no
     # mHC: its lookups find no module); every other one fails by name
-    falls_back = {op for op in found if op.startswith("moe ")} | {"mhc_fused_sinkhorn"} if release != "0.1.7" else set()
-    absent = {"mhc_fused_sinkhorn", "mhc_post"} if release == "0.1.7" else set()
+    mhc_pre = {"mhc_fused_sinkhorn", "mhc_fused_sinkhorn C=4096"}
+    falls_back = {op for op in found if op.startswith("moe ")} | mhc_pre if release != "0.1.7" else set()
+    absent = mhc_pre | {"mhc_post"} if release == "0.1.7" else set()
     if release == "v0.1.20.post1":  # chunked delta attention registers the fallback written beside its kernel
         falls_back.add("chunk_delta_attn")
         assert found["chunk_delta_attn"]["config"] == delta_attention.FALLBACK, found["chunk_delta_attn"]
@@ -178,6 +180,7 @@ def test_without_the_set_the_lookups_fail_on_gfx90a(aiter_git_dir, release, aite
     else:  # no file: get_optimal_moe_config's default in code, gfx942's large_M tiles, never compiled for gfx90a
         assert found["moe bf16"]["config"]["BLOCK_SIZE_N"] == 256, found
         # mHC's pre step reads gfx942's file unproven; its post step has no fallback
-        gfx942 = json.loads((tree / CONFIGS / "gfx942-MHC_FUSED_SINKHORN-C=1024.json").read_text())["M_LEQ_4096"]
-        assert found["mhc_fused_sinkhorn"]["config"] == gfx942, found["mhc_fused_sinkhorn"]
+        for lookup, file in (("mhc_fused_sinkhorn", "C=1024"), ("mhc_fused_sinkhorn C=4096", "C=4096")):
+            gfx942 = json.loads((tree / CONFIGS / f"gfx942-MHC_FUSED_SINKHORN-{file}.json").read_text())["M_LEQ_4096"]
+            assert found[lookup]["config"] == gfx942, found[lookup]
         assert found["mhc_post"]["error"].startswith("FileNotFoundError"), found["mhc_post"]
