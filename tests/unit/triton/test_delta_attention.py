@@ -80,7 +80,7 @@ def recompiled(aiter_git_dir):
             for path, request in compiles if entry["op"] == "chunk_delta_attn" else compiles[:1]:
                 requests.append({**request, "id": f"{entry['op']}|{path}", "arch": "gfx90a"})
                 expected[f"{entry['op']}|{path}"] = config["paths"][path]
-    results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)
+    results = proof._run_worker(triton_python(DEFAULT_TRITON), tree, requests, "gfx90a", lambda line: None)[0]
     return results, expected
 
 

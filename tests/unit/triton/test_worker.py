@@ -59,7 +59,7 @@ def results(tmp_path_factory):
         _request("tuned unnamed", "tuned", {"n": 4096}),
         _request("tuned without num_stages", "tuned", {"n": 4096}, {"BLOCK": 64, "num_warps": 8}),
         _request("plain named", "plain", {"n": 4096, "MASKED": False}, WIDE)]
-    return proof._run_worker(triton_python(DEFAULT_TRITON), site_packages, requests, "gfx90a", lambda line: None)
+    return proof._run_worker(triton_python(DEFAULT_TRITON), site_packages, requests, "gfx90a", lambda line: None)[0]
 
 
 def _measured(result: dict) -> dict:
