@@ -438,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = recover(args.backup_dir)
     except TxnError as error:
         result = {"ok": False, "action": args.command, "error": str(error), "file": error.path}
+    if result.get("left_directories"):  # done, but the operator has directories to look at
+        print(f"txn revert: {result['note']}", file=sys.stderr)
     return finish(f"txn {args.command}", result, None if result["ok"] else result["error"])
 
 

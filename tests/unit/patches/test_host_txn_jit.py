@@ -277,11 +277,14 @@ def test_an_added_file_gets_its_directories_recorded_created_and_removed_deepest
     assert not backup.exists()
 
 
-def test_a_created_directory_holding_someone_elses_file_is_left_and_named(tmp_path):
+def test_a_created_directory_holding_someone_elses_file_is_left_and_named(tmp_path, capsys):
     manifest, root, backup = adding_manifest(tmp_path)
     assert txn.apply(manifest)["created_directories"] == manifest["directories"]
     (root / "pkg/configs/gfx90a/theirs.json").write_text("{}\n")
-    result = txn.revert(backup, root)
+    assert txn.main(["revert", "--backup-dir", str(backup), "--root", str(root)]) == 0
+    printed = capsys.readouterr()
+    result = json.loads(printed.out)
+    assert printed.err == f"txn revert: {result['note']}\n"
     assert result["removed_directories"] == ["pkg/configs/gfx90a/triton"], result
     assert result["left_directories"] == ["pkg/configs/gfx90a"], result
     assert f"left {root}/pkg/configs/gfx90a: created by the patch, but something else put files in" in result["note"]
