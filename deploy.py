@@ -41,7 +41,7 @@ from operations.bench import BenchRecorder, benchmarked
 from operations.facts import host_probe
 from operations.images import is_container_target
 from operations.kernels import translated_kernels, translated_tree_or_refusal
-from operations.patches import patched_package, probe_files, transaction_finished
+from operations.patches import absent_dirs, patched_package, probe_files, transaction_finished
 from operations.preflight import (environment_claimed_by, environment_identity, fp8_configs_of, load_data_files,
                                   probe_announced, release_data, validate_inventory)
 from operations.report import RunRecorder
@@ -119,7 +119,8 @@ release_error = refused_release(releases, probe["distributions"])
 skip_patches = (arch_skip_reason(probe) or (None if data.apply_patches else "apply_patches is off for this host"))
 patch_plans = {} if env_error or skip_patches else {
     package: plan_package_once(catalog, package, found["version"], *probe_files(probe, package),
-                               data.optional_patch_sets, checkout=develop_checkout(found))
+                               data.optional_patch_sets, checkout=develop_checkout(found),
+                               absent_dirs=absent_dirs(probe, package))
     for package in catalog.packages() for found in [probe["distributions"].get(package)]
     if found is not None and package not in reinstalled}
 patch_error = "; ".join(f"patches {package}: {'; '.join(plan.reasons)}" for package, plan in patch_plans.items()

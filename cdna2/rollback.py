@@ -30,7 +30,9 @@ class RollbackPlan:
         return not (self.reverts or self.remove_kernels or self.restore_triton or self.clear_state)
 
     def describe(self) -> list[str]:
-        lines = [f"restore the pristine {r['package']} files kept in {r['backup_dir']}" for r in self.reverts]
+        lines = [f"restore the pristine {r['package']} files kept in {r['backup_dir']}" + (
+            f", then remove the directories the patch created, each if empty: {', '.join(r['created_directories'])}"
+            if r["created_directories"] else "") for r in self.reverts]
         if self.remove_kernels:
             lines.append(f"remove {self.hsa_root}/gfx90a and its previous copy")
         if self.jit_patterns:
@@ -51,7 +53,8 @@ def plan_rollback(probe: dict[str, Any], state_dir_used: bool, restore_triton: b
     plan = RollbackPlan(clear_state=state_dir_used or shared_left, environment_dir=environment_dir)
     for package, backup in sorted(probe["backups"].items()):
         if backup["files"] or backup["journal"]:
-            plan.reverts.append({"package": package, "backup_dir": backup["backup_dir"], "root": backup["root"]})
+            plan.reverts.append({"package": package, "backup_dir": backup["backup_dir"], "root": backup["root"],
+                                 "created_directories": backup["created_directories"]})
             plan.jit_patterns.extend(backup["jit_invalidations"])
     aiter = probe["aiter"]
     if aiter and (aiter["gfx90a_digest"] is not None or aiter["gfx90a_previous"]):

@@ -8,7 +8,6 @@ import json
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
-from cdna2.host.txn import STAGED_SUFFIX
 from cdna2.patches import PackagePlan
 from cdna2.patches.contents import target_files
 from operations.agent import agent_command, lease_command, run_tag
@@ -21,12 +20,16 @@ def probe_files(probe: dict, package: str) -> tuple[dict[str, bytes | None], dic
     return target_files(host.name, probe["patch_targets"][package]["files"])
 
 
+def absent_dirs(probe: dict, package: str) -> list[str]:
+    """The directories adding ``package``'s absent target files would create on this host, shallowest first."""
+    return probe["patch_targets"][package]["absent_dirs"]
+
+
 def change_manifest(plan: PackagePlan, site_packages: str, state_dir: str) -> dict:
-    """The transaction cdna2.host.txn runs: each staged file sits beside its target (same filesystem), named for
-    this run in a shared environment (``run_tag``)."""
+    """The transaction cdna2.host.txn runs: each staged file sits beside its target, or above the directories the
+    transaction creates (same filesystem), named for this run in a shared environment (``run_tag``)."""
     return plan.transaction(site_packages, f"{state_dir}/backups/{plan.package}",
-                            {change.path: f"{site_packages}/{plan.host_path(change.path)}{STAGED_SUFFIX}"
-                                          f"{run_tag(state_dir)}" for change in plan.changes})
+                            plan.staged_paths(site_packages, run_tag(state_dir)))
 
 
 @operation()
@@ -40,9 +43,11 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
     + state_dir: the tool's state directory on the host (backups of the originals, staging)
 
     Transaction:
-        every new file is uploaded beside its target, then ``cdna2.host.txn apply`` checks every current and
-        staged hash before renaming anything, keeps the pristine originals for rollback and journals the renames,
-        so an interrupted run leaves the package either pristine or fully patched. JIT modules and build
+        every new file is uploaded beside its target (or, for a file in a directory the package lacks, in the
+        deepest directory it has), then ``cdna2.host.txn apply`` checks every current and staged hash, and that
+        each directory to create is absent, before changing anything; it records and creates those directories,
+        keeps the pristine originals for rollback and journals the renames, so an interrupted run leaves the
+        package either pristine or fully patched (rollback removes the directories again, each only if empty). JIT modules and build
         directories built from the changed inputs are removed afterwards (``cdna2.host.jit``).
 
     Dry run:
@@ -75,6 +80,8 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
                     f"{len(plan.changes)} file(s) change:")
         for change in plan.changes:
             logger.info(change.diff)
+        for directory in plan.new_directories:
+            logger.info(f"{host.print_prefix}patches: {label}: creates directory {site_packages}/{directory}")
     manifest = change_manifest(plan, site_packages, state_dir)
     manifest_path = f"{state_dir}/staging/patch-{plan.package}{run_tag(state_dir)}.json"
     yield lease_command(target_python, state_dir)

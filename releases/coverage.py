@@ -164,7 +164,8 @@ def _with_requirements(catalog: Catalog, name: str) -> list[str]:
 
 def _record_pristine(root: Path, tree: Path) -> list[str]:
     """Files of ``tree`` (the subset the release tree holds) that are missing under ``root`` or differ from RECORD,
-    and files under ``root`` RECORD does not list."""
+    files under ``root`` RECORD does not list, and directories under ``root`` that ``tree`` has not (one a
+    transaction created and left)."""
     dist_info = next(root.glob("*.dist-info"))
     rows = {row[0]: row[1] for row in csv.reader((dist_info / "RECORD").read_text().splitlines()) if row}
     problems = [path for path, hash_field in rows.items() if hash_field and (tree / path).is_file()
@@ -173,6 +174,8 @@ def _record_pristine(root: Path, tree: Path) -> list[str]:
         relative = path.relative_to(root).as_posix()
         if path.is_file() and relative not in rows and relative != ".complete":
             problems.append(f"{relative} (not in RECORD)")
+        elif path.is_dir() and not (tree / relative).is_dir():
+            problems.append(f"{relative}/ (a directory the release's tree has not)")
     return problems
 
 

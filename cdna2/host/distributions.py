@@ -303,10 +303,23 @@ def file_content(encoded: str) -> bytes:
     return zlib.decompress(binascii.a2b_base64(encoded))
 
 
+def absent_directories(root: str | os.PathLike, files: Collection[str]) -> list[str]:
+    """The directories under ``root`` that adding ``files`` (paths relative to it) would create, shallowest first:
+    the order a transaction creates them in (cdna2.host.txn)."""
+    absent = set()
+    for relative in files:
+        parent = os.path.dirname(relative)
+        while parent and not os.path.isdir(os.path.join(root, parent)):
+            absent.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(absent, key=lambda directory: (directory.count("/"), directory))
+
+
 def read_patch_targets(patch_files: dict, distributions: dict, target_records: dict[str, dict[str, str]],
                        known_contents: Collection[str] = ()) -> dict:
     """For each package's candidate files: RECORD hash (from ``target_records``: package -> path -> hash), current
-    hash and content (zlib+base64), or null.
+    hash and content (zlib+base64), or null; and ``absent_dirs``, the directories (relative to the package's
+    location) that adding the absent ones would create.
 
     ``content`` is null when the current hash is one of ``known_contents``: the controller holds those bytes
     already (cdna2/patches/contents.py), so a provisioned host sends none.
@@ -319,10 +332,12 @@ def read_patch_targets(patch_files: dict, distributions: dict, target_records: d
         record = target_records.get(package, {})
         entries = {}
         develop = dist.get("install_mode") == "develop"
+        absent = []
         for rel in files:
             path = os.path.join(dist["location"], checkout_path(rel) if develop else rel)
             if not os.path.isfile(path):
                 entries[rel] = None
+                absent.append(checkout_path(rel) if develop else rel)
                 continue
             data = read_bytes(path)
             current = record_hash(data)
@@ -332,7 +347,8 @@ def read_patch_targets(patch_files: dict, distributions: dict, target_records: d
                 # Level 1: the bytes cross a local network once; level 9 cost more CPU than the rest of the probe.
                 "content": None if current in known_contents else b64(zlib.compress(data, 1)),
             }
-        targets[package] = {"location": dist["location"], "files": entries}
+        targets[package] = {"location": dist["location"], "files": entries,
+                            "absent_dirs": absent_directories(dist["location"], absent)}
     return targets
 
 TYPE_CHECKING = False

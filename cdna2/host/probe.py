@@ -53,6 +53,8 @@ def read_backups(state_dir: str, errors: list[str]) -> dict:
         backups[state["package"]] = {"backup_dir": backup_dir, "root": state["root"],
                                      "version": state.get("version"),
                                      "files": state["files"], "jit_invalidations": state["jit_invalidations"],
+                                     # a record written before transactions created directories has none
+                                     "created_directories": state.get("created_directories", []),
                                      "journal": os.path.exists(os.path.join(backup_dir, "journal.json"))}
     return backups
 

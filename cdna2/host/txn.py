@@ -6,10 +6,13 @@ into place. ``revert`` puts the originals back the same way and drops the backup
 finishes an interrupted transaction from its journal, so a package is never left half-patched; a change that an
 earlier apply of the same plan already made (finished so) counts as done in ``apply``, not as a file changed since
 the probe. A manifest row with no expected sha256 adds a file (it must be absent); it has no original, and
-``revert`` removes it.
+``revert`` removes it. The manifest's ``directories`` (shallowest first) are the directories the added files need
+that the package does not have: each must be absent; ``apply`` records them, then creates them (mode of their
+parent) before the renames, and ``revert``, after removing the files, removes them deepest first, each only if
+empty (one holding a file of someone else's is left, and the result says so).
 
 Backup directory layout: ``state.json`` (package, its version, root, per file the original and patched sha256, the
-JIT outputs to invalidate), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
+JIT outputs to invalidate, the directories created in creation order), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
 flight), ``lock`` (removed with the directory once nothing else is in it). Backups belong to one installed version:
 when the package has been reinstalled at another version since, ``apply`` starts new ones and ``revert`` finds
 nothing of ours left to restore; both drop the old backups.
@@ -24,11 +27,16 @@ import fcntl
 import glob
 import json
 import os
+import posixpath
 import shutil
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections.abc imports collections: annotations only
+    from collections.abc import Collection
 
 from cdna2.host.cli import finish
 from cdna2.host.digests import file_sha256
@@ -40,8 +48,21 @@ from cdna2.host.state import fsync_directory, write_file_atomically
 STATE = "state.json"
 JOURNAL = "journal.json"
 ORIGINALS = "originals"
-# A staged file sits beside its target as <target>.cdna2-staged-<run> (operations/patches.py).
+# A staged file sits beside its target as <target>.cdna2-staged-<run> (operations/patches.py), or, when the
+# transaction creates the target's directory, in the deepest directory that exists (staging_place).
 STAGED_SUFFIX = ".cdna2-staged"
+
+
+def staging_place(relative: str, directories: Collection[str]) -> str:
+    """Where the new bytes of ``relative`` wait, relative to the root, before STAGED_SUFFIX and a run's tag: beside
+    the target, or, when ``directories`` (those the transaction creates) hold it, in the directory above the
+    shallowest of them, named for the path below (a rename within one filesystem still puts it in place)."""
+    created = [directory for directory in directories if relative.startswith(directory + "/")]
+    if not created:
+        return relative
+    existing = posixpath.dirname(min(created, key=len))
+    below = relative[len(existing) + 1:] if existing else relative
+    return posixpath.join(existing, below.replace("/", "--"))
 
 
 class TxnError(Exception):
@@ -123,6 +144,9 @@ def _commit(backup_dir: Path, journal: dict) -> None:
 
 def _roll_forward(backup_dir: Path, journal: dict) -> None:
     root = Path(journal["root"])
+    if journal["kind"] == "apply":
+        for directory in journal.get("directories", []):  # shallowest first
+            _make_directory(_inside(root, directory))
     for entry in journal["entries"]:
         target = _inside(root, entry["path"])
         if file_sha256(target) == entry["new_sha256"]:
@@ -136,9 +160,34 @@ def _roll_forward(backup_dir: Path, journal: dict) -> None:
                            f"the {journal['kind']} of {journal['package']}: restore the package by reinstalling it",
                            entry["path"])
         _rename(staged, target)
-    for directory in {_inside(root, entry["path"]).parent for entry in journal["entries"]}:
-        fsync_directory(directory)
+    if journal["kind"] == "revert":
+        for directory in journal.get("directories", []):  # deepest first
+            _remove_if_empty(_inside(root, directory))
+    touched = {_inside(root, entry["path"]).parent for entry in journal["entries"]}
+    touched |= {_inside(root, directory).parent for directory in journal.get("directories", [])}
+    for directory in touched:
+        if directory.is_dir():
+            fsync_directory(directory)
     _finish(backup_dir, journal)
+
+
+def _make_directory(directory: Path) -> None:
+    """Create one directory the transaction adds (done already when a recovery repeats it), with its parent's mode."""
+    if directory.is_dir():
+        return
+    directory.mkdir()
+    os.chmod(directory, directory.parent.stat().st_mode & 0o7777)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove one directory the transaction created; one that holds anything (someone else's file) stays."""
+    try:
+        directory.rmdir()
+    except FileNotFoundError:
+        pass  # removed before an interruption
+    except OSError:
+        if not any(directory.iterdir()):
+            raise
 
 
 def _finish(backup_dir: Path, journal: dict) -> None:
@@ -203,21 +252,28 @@ def _settled_by_recovery(root: Path, state: dict, changes: list[dict]) -> list[s
     return settled
 
 
-def _drop_stale_staged(root: Path, changes: list[dict]) -> None:
+def _drop_stale_staged(root: Path, changes: list[dict], directories: Collection[str]) -> None:
     """Remove files staged beside this manifest's targets by earlier runs that never applied them (a controller
     killed between upload and apply); ``recover`` has used what a journal needed. Under the lock no other apply
     runs: a file another controller is staging now is either applied by this manifest already, or its apply
     refuses it as missing, changing nothing."""
     ours = {change["staged"] for change in changes}
     for change in changes:
-        target = _inside(root, change["path"])
-        for staged in target.parent.glob(glob.escape(target.name) + STAGED_SUFFIX + "*"):
+        place = _inside(root, staging_place(change["path"], directories))
+        if not place.parent.is_dir():
+            continue
+        for staged in place.parent.glob(glob.escape(place.name) + STAGED_SUFFIX + "*"):
             if str(staged) not in ours:
                 staged.unlink(missing_ok=True)
 
 
-def _verify_manifest(root: Path, changes: list[dict]) -> None:
-    """Every check before anything is written: current hashes, staged hashes, same filesystem."""
+def _verify_manifest(root: Path, changes: list[dict], directories: Collection[str]) -> None:
+    """Every check before anything is written: directories to create absent, current hashes, staged hashes, same
+    filesystem."""
+    for directory in directories:
+        if _inside(root, directory).exists():
+            raise TxnError(f"{root / directory}: exists, the plan expected to create it (the tree changed since it was "
+                           f"probed): re-plan", directory)
     for change in changes:
         target = _inside(root, change["path"])
         current = file_sha256(target)
@@ -228,9 +284,15 @@ def _verify_manifest(root: Path, changes: list[dict]) -> None:
         if file_sha256(staged) != change["new_sha256"]:
             raise TxnError(f"{staged}: staged content does not hash to {change['new_sha256']}; upload it again",
                            change["path"])
-        if os.stat(staged).st_dev != os.stat(target.parent).st_dev:
+        if os.stat(staged).st_dev != os.stat(_existing_ancestor(target)).st_dev:
             raise TxnError(f"{staged}: not on the filesystem of {target}; stage it next to the target so the rename "
                            f"is atomic", change["path"])
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.parent.is_dir():
+        path = path.parent
+    return path.parent
 
 
 def _back_up_originals(backup_dir: Path, root: Path, state: dict, changes: list[dict]) -> None:
@@ -255,12 +317,17 @@ def apply(manifest: dict) -> dict:
     root, backup_dir = Path(manifest["root"]), Path(manifest["backup_dir"])
     with _locked(backup_dir):
         recover(backup_dir)
-        _drop_stale_staged(root, manifest["changes"])
+        _drop_stale_staged(root, manifest["changes"], manifest.get("directories", []))
         state, dropped_version = _load_state(backup_dir, root, manifest["package"], manifest.get("version"))
         settled = _settled_by_recovery(root, state, manifest["changes"])
         changes = [change for change in manifest["changes"] if change["path"] not in settled]
-        _verify_manifest(root, changes)
+        # Created by an earlier apply that recovery finished (its files are settled): nothing to create again.
+        directories = [directory for directory in manifest.get("directories", [])
+                       if directory not in state.get("created_directories", [])]
+        _verify_manifest(root, changes, directories)
         _back_up_originals(backup_dir, root, state, changes)
+        # Recorded before they exist, so a revert after an interruption removes whichever were made.
+        state["created_directories"] = state.get("created_directories", []) + directories
         state["jit_invalidations"] = sorted(set(state["jit_invalidations"])
                                             | set(manifest.get("jit_invalidations", [])))
         _write_json(backup_dir / STATE, state)
@@ -268,10 +335,11 @@ def apply(manifest: dict) -> dict:
             target = _inside(root, change["path"])
             os.chmod(change["staged"], target.stat().st_mode & 0o7777 if target.exists() else 0o644)
         _commit(backup_dir, {"kind": "apply", "package": manifest["package"], "root": str(root),
-                             "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
+                             "directories": directories, "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
                                           "new_sha256": c["new_sha256"]} for c in changes]})
     return {"ok": True, "action": "apply", "package": manifest["package"],
-            "changed": [change["path"] for change in changes], "settled_by_recovery": settled,
+            "changed": [change["path"] for change in changes], "created_directories": directories,
+            "settled_by_recovery": settled,
             "backup_dir": str(backup_dir), "dropped_backups_of_version": dropped_version}
 
 
@@ -317,9 +385,17 @@ def revert(backup_dir: Path, root: Path) -> dict:
                                f"{hashes['original_sha256']}; the backup is damaged: reinstall the package", path)
             entries.append({"path": path, "staged": str(staged), "old_sha256": current,
                             "new_sha256": hashes["original_sha256"]})
-        _commit(backup_dir, {"kind": "revert", "package": state["package"], "root": str(root), "entries": entries})
-    return {"ok": True, "action": "revert", "package": state["package"], "changed": [e["path"] for e in entries],
-            "jit_invalidations": state["jit_invalidations"]}
+        created = state.get("created_directories", [])
+        _commit(backup_dir, {"kind": "revert", "package": state["package"], "root": str(root), "entries": entries,
+                             "directories": created[::-1]})
+    left = [directory for directory in created if _inside(root, directory).is_dir()]
+    result = {"ok": True, "action": "revert", "package": state["package"], "changed": [e["path"] for e in entries],
+              "removed_directories": [directory for directory in created if directory not in left],
+              "left_directories": left, "jit_invalidations": state["jit_invalidations"]}
+    if left:
+        result["note"] = (f"left {', '.join(str(root / directory) for directory in left)}: created by the patch, but "
+                          f"something else put files in since; remove them by hand once they are not needed")
+    return result
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -362,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = recover(args.backup_dir)
     except TxnError as error:
         result = {"ok": False, "action": args.command, "error": str(error), "file": error.path}
+    if result.get("left_directories"):  # done, but the operator has directories to look at
+        print(f"txn revert: {result['note']}", file=sys.stderr)
     return finish(f"txn {args.command}", result, None if result["ok"] else result["error"])
 
 

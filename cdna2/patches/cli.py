@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from cdna2.host import jit, txn
-from cdna2.host.distributions import canonical_name, read_core_metadata, record_entries
+from cdna2.host.distributions import absent_directories, canonical_name, read_core_metadata, record_entries
 from cdna2.patches.catalog import Catalog, PatchDataError, load_catalog
 from cdna2.patches.planner import PackagePlan, plan_package
 
@@ -63,7 +63,8 @@ def _plans(args: argparse.Namespace, catalog: Catalog) -> list[tuple[str, Packag
             plans.append((package, None))
             continue
         version, files, record = probed
-        plans.append((package, plan_package(catalog, package, version, files, record, args.sets)))
+        absent = absent_directories(args.site_packages, [path for path, data in files.items() if data is None])
+        plans.append((package, plan_package(catalog, package, version, files, record, args.sets, absent_dirs=absent)))
     return plans
 
 
@@ -72,11 +73,10 @@ def _state_dir(args: argparse.Namespace, package: str) -> Path:
 
 
 def _stage(root: Path, plan: PackagePlan) -> dict[str, str]:
-    """Write each new content next to its target (same filesystem, so the rename is atomic); path -> staged copy."""
-    staged = {}
+    """Write each new content next to its target, or above the directories the transaction creates (same
+    filesystem, so the rename is atomic); path -> staged copy."""
+    staged = plan.staged_paths(str(root))
     for change in plan.changes:
-        target = root / plan.host_path(change.path)
-        staged[change.path] = str(target.with_name(f".{target.name}.cdna2-staged"))
         with open(staged[change.path], "wb") as handle:
             handle.write(change.new_bytes)
             handle.flush()
@@ -85,7 +85,10 @@ def _stage(root: Path, plan: PackagePlan) -> dict[str, str]:
 
 
 def apply_in_place(root: Path, plan: PackagePlan, backup_dir: Path) -> dict:
-    """Apply a plan to the site-packages at ``root`` on this machine: stage, transaction, JIT cleanup."""
+    """Apply a plan to the site-packages at ``root`` on this machine: stage, transaction, JIT cleanup. The
+    directories to create are this tree's, whatever tree the plan was made from."""
+    plan.new_directories = absent_directories(root, [plan.host_path(change.path) for change in plan.changes
+                                                     if change.old_sha256 is None])
     result = txn.apply(plan.transaction(str(root), str(backup_dir), _stage(root, plan)))
     result["jit"] = jit.invalidate(root, plan.jit_invalidations)
     return result
@@ -102,6 +105,8 @@ def _print_plan(package: str, plan: PackagePlan | None, show_diff: bool) -> None
         print(f"   note: {note}")
     for finding in plan.audit:
         print(f"   audit: {finding}")
+    for directory in plan.new_directories:
+        print(f"   would create directory {directory}")
     for change in plan.changes:
         print(change.diff if show_diff else f"   would change {change.path}")
     if plan.jit_invalidations:
@@ -161,6 +166,10 @@ def _run(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"== {package}: " + (f"restored {', '.join(result['changed']) or 'nothing'}" if result["ok"]
                                            else f"REFUSED: {result['error']}"))
+                for directory in result.get("removed_directories", []):
+                    print(f"   removed directory {directory}")
+                if result.get("left_directories"):
+                    print(f"   note: {result['note']}")
     else:
         for package, plan in _plans(args, catalog):
             entry = {"package": package, "installed": plan is not None, "plan": plan.to_json() if plan else None}

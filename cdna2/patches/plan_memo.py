@@ -5,7 +5,7 @@ mostly hold the same files, and a no-op re-run holds the same files as the last 
 each distinct input once per process, and keeps the plans that write nothing (``patched``, ``refused``,
 ``no-set``: every re-run's) in ``$CDNA2_CACHE/patch-plans/``, keyed by everything a plan depends on: the catalog's
 bytes, the planner's code and the Python running it, the package, its version, the hash of every target file, the
-RECORD (or git) hashes, the optional sets and the checkout. A lost or unreadable entry costs one plan, never a
+RECORD (or git) hashes, the optional sets, the checkout and the absent directories. A lost or unreadable entry costs one plan, never a
 wrong one. Plans that write something are not kept: they carry the new bytes, and the next run finds the files
 patched. The directory keeps the PLANS_KEPT plans used last (a plan read back is marked used), so a cluster that
 upgrades often does not grow it without end.
@@ -84,20 +84,21 @@ def _prune(directory: Path) -> None:
 
 def plan_package_once(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
                       record: Mapping[str, str], enabled_optional: Collection[str],
-                      checkout: str | None = None) -> PackagePlan:
+                      checkout: str | None = None, absent_dirs: Collection[str] = ()) -> PackagePlan:
     """``plan_package``, made once per distinct input (see the module's docstring); each call gets its own copy.
 
     The deploy and verify plan each host's packages through here.
     """
     inputs = (package, installed_version,
               sorted((path, None if data is None else sha256_hex(data)) for path, data in files.items()),
-              sorted(record.items()), sorted(enabled_optional), checkout)
+              sorted(record.items()), sorted(enabled_optional), checkout, list(absent_dirs))
     key = (id(catalog), json.dumps(inputs))
     if key not in _plans:
         path = _stored_path(catalog, inputs)
         plan = _read(path) if path and path.is_file() else None
         if plan is None:
-            plan = plan_package(catalog, package, installed_version, files, record, enabled_optional, checkout)
+            plan = plan_package(catalog, package, installed_version, files, record, enabled_optional, checkout,
+                                absent_dirs)
             if path and not plan.changes:
                 _store(path, plan)
         _plans[key] = catalog, plan

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from cdna2.host.checkouts import checkout_path
 from cdna2.host.digests import hash_like
+from cdna2.host.txn import STAGED_SUFFIX, staging_place
 from cdna2.patches import matching
 from cdna2.patches.audit import audit
 from cdna2.patches.catalog import Catalog, Condition, PatchSet, Site, Variant
@@ -80,10 +81,19 @@ class PackagePlan:
     # A develop AITER's git checkout: its files sit at their repository paths there, and git HEAD is the pristine
     # oracle (None: an installed wheel, RECORD the oracle).
     checkout: str | None = None
+    # The directories (host paths, shallowest first) the added files need that the host's tree does not have.
+    new_directories: list[str] = field(default_factory=list)
 
     def host_path(self, path: str) -> str:
         """Where the file the catalog names ``path`` (wheel layout) is on the host, relative to the root."""
         return checkout_path(path) if self.checkout else path
+
+    def staged_paths(self, root: str, tag: str = "") -> dict[str, str]:
+        """Where each changed path's new bytes wait on the host (``tag``: the run's, in a shared environment):
+        beside the target, or above the directories the transaction creates (same filesystem: the rename is
+        atomic)."""
+        return {change.path: f"{root}/{staging_place(self.host_path(change.path), self.new_directories)}"
+                             f"{STAGED_SUFFIX}{tag}" for change in self.changes}
 
     def transaction(self, root: str, backup_dir: str, staged: Mapping[str, str]) -> dict:
         """The change manifest ``cdna2.host.txn apply`` runs; ``staged``: where each changed path's new bytes wait.
@@ -98,14 +108,15 @@ class PackagePlan:
                 "changes": [{"path": self.host_path(change.path), "expected_sha256": change.old_sha256,
                              "staged": staged[change.path],
                              "new_sha256": change.new_sha256} for change in self.changes],
-                "jit_invalidations": self.jit_invalidations}
+                "directories": self.new_directories, "jit_invalidations": self.jit_invalidations}
 
     def to_json(self) -> dict:
         return {"package": self.package, "installed_version": self.installed_version, "status": self.status,
                 "sets": self.sets, "variants": self.variants, "reasons": self.reasons,
                 "changes": [change.to_json() for change in self.changes],
                 "jit_invalidations": self.jit_invalidations, "sites": [site.to_json() for site in self.sites],
-                "declined": self.declined, "notes": self.notes, "audit": self.audit, "checkout": self.checkout}
+                "declined": self.declined, "notes": self.notes, "audit": self.audit, "checkout": self.checkout,
+                "new_directories": self.new_directories}
 
 
 class _Refusal(Exception):
@@ -388,12 +399,13 @@ def _plan_files(chosen: list[tuple[PatchSet, Variant, list[SiteState]]], texts: 
 
 def plan_package(catalog: Catalog, package: str, installed_version: str, files: Mapping[str, bytes | None],
                  record: Mapping[str, str], enabled_optional: Collection[str],
-                 checkout: str | None = None) -> PackagePlan:
+                 checkout: str | None = None, absent_dirs: Collection[str] = ()) -> PackagePlan:
     """Plan ``package`` on one host: which sets apply, the new file contents, and what the JIT must forget.
 
     ``files`` maps every path of ``catalog.target_files(package)`` to its bytes (None if absent); ``record`` maps
     paths to their RECORD hash field (or, for a develop ``checkout``, their ``git-blob=`` id in HEAD).
-    ``enabled_optional`` names the optional sets group data turns on.
+    ``enabled_optional`` names the optional sets group data turns on. ``absent_dirs``: the directories (host paths)
+    adding the absent files would create (``cdna2.host.distributions.absent_directories``).
     """
     plan = PackagePlan(package=package, installed_version=installed_version, status="refused", checkout=checkout)
     if not catalog.sets_for(package):
@@ -438,6 +450,9 @@ def plan_package(catalog: Catalog, package: str, installed_version: str, files: 
     plan.sets = [patch_set.name for patch_set, _, _ in chosen]
     plan.variants = {patch_set.name: variant.id for patch_set, variant, _ in chosen}
     plan.status = "apply" if plan.changes else "patched"
+    added = [plan.host_path(change.path) for change in plan.changes if change.old_sha256 is None]
+    plan.new_directories = [directory for directory in absent_dirs
+                            if any(path.startswith(directory + "/") for path in added)]
     for patch_set, variant, _ in chosen:
         plan.reasons.append(f"{package} {installed_version}: set {patch_set.name} variant {variant.id} matches the "
                             f"installed text (written for {', '.join(variant.versions)})")

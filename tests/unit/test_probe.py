@@ -296,11 +296,13 @@ def test_backups_of_patch_transactions_are_reported(host_root: Path) -> None:
     backup.mkdir(parents=True)
     (backup / "state.json").write_text(json.dumps({
         "package": "vllm", "version": "0.26.0", "root": "/site", "jit_invalidations": [],
-        "files": {"vllm/_aiter_ops.py": {"original_sha256": "aa", "patched_sha256": "bb"}}}))
+        "files": {"vllm/_aiter_ops.py": {"original_sha256": "aa", "patched_sha256": "bb"}},
+        "created_directories": ["vllm/configs", "vllm/configs/gfx90a"]}))
     (backup / "journal.json").write_text("{}")
     found = run_probe(host_root)["backups"]
     assert found == {"vllm": {"backup_dir": str(backup), "root": "/site", "version": "0.26.0",
                               "jit_invalidations": [], "journal": True,
+                              "created_directories": ["vllm/configs", "vllm/configs/gfx90a"],
                               "files": {"vllm/_aiter_ops.py": {"original_sha256": "aa", "patched_sha256": "bb"}}}}
 
 

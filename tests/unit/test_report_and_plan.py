@@ -281,6 +281,16 @@ def test_rollback_plan_for_a_half_provisioned_host() -> None:
     assert plan.reverts == [] and not plan.problems
 
 
+def test_rollback_plan_names_the_directories_a_patch_created() -> None:
+    probe = _rollback_probe(None, "3.7.1")
+    probe["backups"] = {"amd-aiter": {"backup_dir": "/s/backups/amd-aiter", "root": "/site", "journal": False,
+                                      "files": {"a/c/g/D.json": {}}, "jit_invalidations": [],
+                                      "created_directories": ["a/c/g"]}}
+    assert plan_rollback(probe, True, False, []).describe()[0] == (
+        "restore the pristine amd-aiter files kept in /s/backups/amd-aiter, then remove the directories the patch "
+        "created, each if empty: a/c/g")
+
+
 def test_disk_space_problem_names_where_and_both_sizes() -> None:
     probe = probe_of([MI210])
     probe["state_dir_free_bytes"], probe["aiter"]["free_bytes"] = 10_000, 10**9

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdna2.host import jit, txn
+from cdna2.host.distributions import absent_directories
 
 HOST_DIR = Path(txn.__file__).parent
 
@@ -241,3 +242,60 @@ def test_revert_after_a_reinstall_at_another_version_drops_the_backups_and_touch
     txn.apply(patch_manifest(root, backup, "2.0", {"pkg/a.py": ("a 2.0\n", "a 2.0 patched\n")}))
     install(root, "2.0", {"pkg/a.py": "a 2.0\n"})
     assert txn.revert(backup, root)["changed"] == [] and (root / "pkg/a.py").read_text() == "a 2.0\n"
+
+
+ADDED = "pkg/configs/gfx90a/triton/DEFAULT.json"
+
+
+def adding_manifest(tmp_path):
+    """A manifest adding ADDED, whose two directories the package has not (its parent pkg/configs has mode 0750)."""
+    root, backup = tmp_path / "site", tmp_path / "backup"
+    (root / "pkg" / "configs").mkdir(parents=True)
+    os.chmod(root / "pkg" / "configs", 0o750)
+    directories = absent_directories(root, [ADDED])
+    staged = root / f"{txn.staging_place(ADDED, directories)}{txn.STAGED_SUFFIX}-run1"
+    staged.write_bytes(b"{}\n")
+    return {"root": str(root), "package": "pkg", "backup_dir": str(backup), "directories": directories,
+            "changes": [{"path": ADDED, "expected_sha256": None, "staged": str(staged), "new_sha256": sha(b"{}\n")}],
+            "jit_invalidations": []}, root, backup
+
+
+def test_an_added_file_gets_its_directories_recorded_created_and_removed_deepest_first(tmp_path, monkeypatch):
+    manifest, root, backup = adding_manifest(tmp_path)
+    assert manifest["directories"] == ["pkg/configs/gfx90a", "pkg/configs/gfx90a/triton"]
+    assert manifest["changes"][0]["staged"] == f"{root}/pkg/configs/gfx90a--triton--DEFAULT.json.cdna2-staged-run1"
+    apply_crashing_after(monkeypatch, manifest, 0)  # killed after the directories were made, before the rename
+    assert json.loads((backup / "state.json").read_text())["created_directories"] == manifest["directories"]
+    assert (root / "pkg/configs/gfx90a/triton").is_dir() and not (root / ADDED).exists()
+    assert txn.recover(backup)["recovered"] == "apply"
+    assert (root / ADDED).read_bytes() == b"{}\n"
+    assert all(os.stat(root / directory).st_mode & 0o777 == 0o750 for directory in manifest["directories"])
+    result = txn.revert(backup, root)
+    assert result["changed"] == [ADDED] and result["left_directories"] == [], result
+    assert result["removed_directories"] == manifest["directories"], result
+    assert sorted(path.relative_to(root).as_posix() for path in root.rglob("*")) == ["pkg", "pkg/configs"]
+    assert not backup.exists()
+
+
+def test_a_created_directory_holding_someone_elses_file_is_left_and_named(tmp_path, capsys):
+    manifest, root, backup = adding_manifest(tmp_path)
+    assert txn.apply(manifest)["created_directories"] == manifest["directories"]
+    (root / "pkg/configs/gfx90a/theirs.json").write_text("{}\n")
+    assert txn.main(["revert", "--backup-dir", str(backup), "--root", str(root)]) == 0
+    printed = capsys.readouterr()
+    result = json.loads(printed.out)
+    assert printed.err == f"txn revert: {result['note']}\n"
+    assert result["removed_directories"] == ["pkg/configs/gfx90a/triton"], result
+    assert result["left_directories"] == ["pkg/configs/gfx90a"], result
+    assert f"left {root}/pkg/configs/gfx90a: created by the patch, but something else put files in" in result["note"]
+    assert not (root / ADDED).exists() and (root / "pkg/configs/gfx90a/theirs.json").read_text() == "{}\n"
+    assert not backup.exists()
+
+
+def test_a_directory_to_create_that_exists_since_the_probe_refuses_before_any_write(tmp_path):
+    manifest, root, backup = adding_manifest(tmp_path)
+    (root / "pkg/configs/gfx90a").mkdir()
+    with pytest.raises(txn.TxnError, match="gfx90a: exists, the plan expected to create it"):
+        txn.apply(manifest)
+    assert not (root / "pkg/configs/gfx90a/triton").exists() and Path(manifest["changes"][0]["staged"]).is_file()
+    assert not backup.exists()

@@ -6,13 +6,11 @@ one worker call on the v0.1.20.post1 tree reproduces what they hold."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.triton import proof
-from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.recipes import delta_attention
 from cdna2.triton.toolchain import triton_python
 from releases import coverage
@@ -23,7 +21,6 @@ FILE = "gfx942/triton/attention/chunk_delta_attn/DEFAULT.json"
 TARGET = "gfx90a/triton/attention/chunk_delta_attn/DEFAULT.json"
 OPS = {"chunk_delta_attn", "chunk_delta_attn_fallback"}
 FIELDS = ("ok", "lds_bytes", "vgpr_spills", "sgpr_spills", "scratch_bytes", "vgprs", "mfma")
-SHIPPED = PACKAGE_DIR / "data" / "triton-configs" / "0.1.17-main" / proof.CONFIGS / TARGET
 
 
 def test_the_recipe_launches_the_output_kernel_as_chunk_delta_attn_fwd_does():
@@ -90,16 +87,3 @@ def test_a_recompile_reproduces_the_committed_paths(recompiled):
     for identifier, result in results.items():
         assert {key: result.get(key) for key in FIELDS} == {key: expected[identifier].get(key) for key in FIELDS}, \
             identifier
-
-
-def test_aiters_lookup_on_gfx90a_registers_the_derived_entry_where_the_file_is(aiter_git_dir, tmp_path):
-    """gla_output.py's own lookup (chunk_delta_attn_tuned_config), as on a gfx90a host whose tree holds the derived
-    file at its place; the set does not add it: a patch adds files only into directories the package has, and
-    AITER's tree has no configs/gfx90a/ (without the file the lookup gives the fallback: test_lookup.py)."""
-    shutil.copytree(coverage.aiter_triton_tree(aiter_git_dir, "v0.1.20.post1") / "aiter", tmp_path / "aiter")
-    target = tmp_path / proof.CONFIGS / TARGET
-    assert not target.parent.parent.parent.parent.exists()  # configs/gfx90a/
-    target.parent.mkdir(parents=True)
-    shutil.copy(SHIPPED, target)
-    found = proof.look_up(tmp_path, DEFAULT_TRITON, "gfx90a")["chunk_delta_attn"]
-    assert found["config"] == json.loads(SHIPPED.read_text())[delta_attention.KERNEL], found

@@ -2,7 +2,7 @@
 one (gemm_a16w16, MHA, extend, lean, MLA decode, HSTU, the fused MoE and its top-1 routing, conv from 0.1.18, mHC)
 on every AITER release once the set is applied, and fail by name without it (the MoE lookup falls back to a default
 written in code, mHC's pre step to gfx942's files, chunked delta attention, v0.1.20 on, to the fallback written beside
-its kernel, with or without the set)."""
+its kernel; with the set, it reads the derived file the set adds under configs/gfx90a/)."""
 
 from __future__ import annotations
 
@@ -126,11 +126,12 @@ def test_lookups_find_the_gfx90a_configs_on_every_release(catalog, aiter_git_dir
             conv_found.append(release)
         else:
             assert all(found[lookup]["error"].startswith("LookupError") for lookup in CONV), (release, found)
-        # chunked delta attention (v0.1.20 on): the set does not add its file (a directory AITER's tree lacks), so
-        # gla_output.py registers the fallback written beside its kernel (test_delta_attention.py: with the file)
+        # chunked delta attention (v0.1.20 on): the set adds its file, and the directories AITER's tree lacks, so
+        # gla_output.py registers the derived entry, not the fallback written beside its kernel
         if (root / CONFIGS / "gfx942" / "triton" / "attention" / "chunk_delta_attn").is_dir():
-            assert not (root / CONFIGS / DELTA_ATTENTION).exists()
-            assert found["chunk_delta_attn"].get("config") == delta_attention.FALLBACK, (release, found)
+            expected = json.loads((derived / DELTA_ATTENTION).read_text())[delta_attention.KERNEL]
+            assert expected != delta_attention.FALLBACK
+            assert found["chunk_delta_attn"].get("config") == expected, (release, found["chunk_delta_attn"])
             delta_found.append(release)
         else:
             assert found["chunk_delta_attn"]["error"].startswith("LookupError"), (release, found["chunk_delta_attn"])
