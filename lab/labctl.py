@@ -17,12 +17,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from lab import kinds, mirror, sif_runtime, slurm
-from lab.hosts import ensure_client_key, ensure_controller_paths, known_hosts_text, prepare_host_dir, start_host
+from lab.hosts import (ensure_client_key, ensure_controller_paths, known_hosts_text, prepare_host_dir, start_host,
+                       user_wheels)
 from lab.labstate import HOST_BINDS, LAB_FORMAT, LabPaths, lab_locked, load_lab, progress, save_lab, write_atomically
 from lab.logins import LOGINS, ensure_login_users, login_users, remove_login_users
 from lab.processes import is_lab_sshd, stop_host
 
 SSH_TIMEOUT_S = 10
+HOST_STARTS_AT_ONCE = 4
 # What `status` asks each host over SSH: a fixed script, no interpolated values.
 PROBE_SCRIPT = r"""printf 'hostname=%s\n' "$(hostname)"
 printf 'rocm_version=%s\n' "$(cat /opt/rocm/.info/version)"
@@ -113,26 +115,48 @@ def up(paths: LabPaths, count: int, subnet: str | None, login: str | None = None
         if lab.get("login", "root") != "root":
             ensure_login_users(paths, lab["login"])
         login_user = lab["ssh"]["user"] if lab.get("login") == "user" else None
-        if login_user is not None:  # its hosts see the mirror's wheels from their start (user_wheels)
+        if login_user is not None:  # its hosts see the mirror's wheels from their start, made before they start
             ensure_mirror(paths)
+            user_wheels(paths)
         recorded = {host["name"]: host for host in lab["hosts"]}
         planned_hosts = kinds.plan_hosts(count, lab["subnet"], lab.get("aiter", "wheel"), lab.get("shared", 0))
         # A --shared lab: the first hosts bind the first one's venv at /opt/venv, a stand-in for an environment on
         # NFS or Lustre (a bind mount is a local disk: its locking and rename guarantees are stronger than theirs).
         shared_venv = paths.host_dir(planned_hosts[0].name) / "venv" if lab.get("shared", 0) else None
+        runtime_binds = sif_runtime.install(paths) if lab.get("sif_runtime") else None
+
+        def create(planned: kinds.PlannedHost) -> dict:
+            progress(f"{planned.name}: {'restarting' if planned.name in recorded else 'creating'} "
+                     f"({planned.kind.key}, {planned.address}:{kinds.PORT})")
+            sharing = shared_venv if planned.shares_environment else None
+            prepare_host_dir(paths, planned, login_user, sharing)
+            host = start_host(paths, planned, login_user, sharing, runtime_binds)
+            progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
+            return host
+
+        to_start = []
         for planned in planned_hosts:
             host = recorded.get(planned.name)
             if host is not None and host_alive(host):
                 progress(f"{planned.name}: running (pid {host['pid']}), left alone")
-                continue
-            progress(f"{planned.name}: {'restarting' if host else 'creating'} ({planned.kind.key}, "
-                     f"{planned.address}:{kinds.PORT})")
-            sharing = shared_venv if planned.shares_environment else None
-            prepare_host_dir(paths, planned, login_user, sharing)
-            host = start_host(paths, planned, login_user, sharing,
-                              sif_runtime.install(paths) if lab.get("sif_runtime") else None)
-            _record(paths, lab, host)
-            progress(f"{planned.name}: sshd pid {host['pid']} listening on {planned.address}:{kinds.PORT}")
+            else:
+                to_start.append(planned)
+        # The hosts start side by side (each mostly waits: hard links, ssh-keygen, its sshd's start), after the
+        # one whose venv the others bind (its start provisions it). Every host that started is recorded, even
+        # when another one failed, so that `down` stops it.
+        first = [planned for planned in to_start if shared_venv == paths.host_dir(planned.name) / "venv"]
+        for planned in first:
+            _record(paths, lab, create(planned))
+        with ThreadPoolExecutor(max_workers=HOST_STARTS_AT_ONCE) as pool:
+            started = [pool.submit(create, planned) for planned in to_start if planned not in first]
+            failures = []
+            for future in started:
+                try:
+                    _record(paths, lab, future.result())
+                except Exception as error:
+                    failures.append(error)
+            if failures:
+                raise failures[0]
         for extra in lab["hosts"][count:]:
             progress(f"{extra['name']}: beyond the {count} requested, left as it is (./lab/down stops all)")
         if with_slurm or lab.get("slurm"):

@@ -12,8 +12,10 @@ import itertools
 import json
 import os
 import subprocess
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +29,7 @@ LAB_COMMANDS = REPO / "lab"
 DEFAULT_HOSTS = 3
 # Subnets for scratch labs: away from the shared lab's 127.0.10, one per scratch lab in a session.
 _scratch_subnets = (f"{kinds.LAB_NET}.{octet}" for octet in itertools.count(20))
+_scratch_subnets_lock = threading.Lock()
 
 
 def run_lab_command(command: str, *args: str, lab_dir: Path | None = None,
@@ -54,6 +57,14 @@ def run_lab_command_fixture():
 
 
 @pytest.fixture(scope="session")
+def in_background() -> Iterator[ThreadPoolExecutor]:
+    """A thread for work no test waits on, done by the session's end: stopping a module's own lab and removing its
+    files (the 10-host cluster's took 34 s, mostly unlinking its venvs) while the next module's tests run."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="in-background") as pool:
+        yield pool
+
+
+@pytest.fixture(scope="session")
 def lab() -> dict:
     paths = LabPaths.default()
     was_running = _running(paths)
@@ -63,20 +74,72 @@ def lab() -> dict:
         run_lab_command("down")
 
 
-@contextmanager
-def one_host_lab(name: str, *up_options: str, monkeypatch: pytest.MonkeyPatch | None = None) -> Iterator[dict]:
-    """``./lab/up 1 UP_OPTIONS`` in a state directory and subnet of its own, stopped at the end if still running.
-    With ``monkeypatch``, CDNA2_LAB_DIR names it for the test (inventory/sim.py, the lab commands)."""
+# Labs brought up as the session's lab tests start (see early_labs): fixture -> (a name for the lab's scratch
+# directory, the function that brings it up there and returns its lab.json), registered with early_lab.
+EARLY_LABS: dict[str, tuple[str, Callable[[Path], dict]]] = {}
+
+
+def early_lab(fixture: str, name: str) -> Callable:
+    """Registers the decorated ``bring_up(lab_dir) -> lab`` as the early start of ``fixture``'s lab."""
+    def register(bring_up: Callable[[Path], dict]) -> Callable[[Path], dict]:
+        EARLY_LABS[fixture] = name, bring_up
+        return bring_up
+    return register
+
+
+def _scratch_lab_dir(name: str) -> Path:
     # Not under /tmp (each host mounts its own /tmp) and on the filesystem of the venv templates (hard links).
-    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"{name}-{uuid.uuid4().hex[:12]}"
+    return wheelhouse.cache_root() / "scratch-labs" / f"{name}-{uuid.uuid4().hex[:12]}"
+
+
+def up_one_host(lab_dir: Path, *up_options: str) -> dict:
+    """``./lab/up 1 UP_OPTIONS`` in ``lab_dir``, on the session's next scratch subnet."""
+    with _scratch_subnets_lock:
+        subnet = next(_scratch_subnets)
+    run_lab_command("up", "1", *up_options, "--subnet", subnet, lab_dir=lab_dir)
+    return json.loads((lab_dir / "lab.json").read_text())
+
+
+def _down_if_up(lab_dir: Path) -> None:
+    if (lab_dir / "lab.json").exists():
+        run_lab_command("down", lab_dir=lab_dir, check=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def early_labs(request: pytest.FixtureRequest) -> Iterator[dict[str, tuple[Path, Future]]]:
+    """The labs of EARLY_LABS whose fixture a selected test uses, each brought up in a thread of its own as the
+    session's lab tests start, so that its bring-up overlaps the tests before its own: a --login user lab copies a
+    1.4 GB venv for its user (about a minute, mostly waiting on the disk); the Slurm lab's time-limit run waits 60
+    to 90 s on slurmctld. Yields fixture -> (lab directory, the bring-up's future); any lab still up at the end is
+    stopped."""
+    wanted = sorted({name for item in request.session.items for name in item.fixturenames} & EARLY_LABS.keys())
+    started = {}
+    with ThreadPoolExecutor(max_workers=max(len(wanted), 1), thread_name_prefix="early-labs") as pool:
+        try:
+            for fixture in wanted:
+                name, bring_up = EARLY_LABS[fixture]
+                lab_dir = _scratch_lab_dir(name)
+                started[fixture] = lab_dir, pool.submit(bring_up, lab_dir)
+            yield started
+        finally:
+            for lab_dir, bring_up in started.values():
+                wait([bring_up])
+                _down_if_up(lab_dir)
+
+
+@contextmanager
+def one_host_lab(name: str, *up_options: str, monkeypatch: pytest.MonkeyPatch | None = None,
+                 early: tuple[Path, Future] | None = None) -> Iterator[dict]:
+    """``./lab/up 1 UP_OPTIONS`` in a state directory and subnet of its own, stopped at the end if still running.
+    With ``monkeypatch``, CDNA2_LAB_DIR names it for the test (inventory/sim.py, the lab commands). With ``early``
+    (an early_labs entry), the lab that one brought up instead."""
+    lab_dir = early[0] if early is not None else _scratch_lab_dir(name)
     if monkeypatch is not None:
         monkeypatch.setenv("CDNA2_LAB_DIR", str(lab_dir))
-    run_lab_command("up", "1", *up_options, "--subnet", next(_scratch_subnets), lab_dir=lab_dir)
     try:
-        yield json.loads((lab_dir / "lab.json").read_text())
+        yield early[1].result() if early is not None else up_one_host(lab_dir, *up_options)
     finally:
-        if (lab_dir / "lab.json").exists():
-            run_lab_command("down", lab_dir=lab_dir, check=False)
+        _down_if_up(lab_dir)
 
 
 @pytest.fixture()

@@ -8,7 +8,7 @@ What is checked: one writer and eight verifications; the environment's files equ
 (mi210-j, the same kind with its own venv); a re-run changes nothing; verify; the writer killed at seeded points
 mid-swap and mid-patch leaves the environment as it was or recoverable, and the next run from another node (or the
 same one) finishes it; two controllers at once. The lab is its own (a scratch subnet under the cache's
-scratch-labs/), stopped at the end.
+scratch-labs/), stopped at the end (in the background: tests/lab/conftest.py, in_background).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import random
 import signal
+import stat
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ REFERENCE = "mi210-j"  # the shared hosts' kind (kinds.SHARED_KIND), with a venv
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(in_background):
     """The 8 + 2 lab, deployed once; yields lab.json with the reference host's deployed files."""
     lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"cluster-{uuid.uuid4().hex[:12]}"
     with pytest.MonkeyPatch.context() as environment:
@@ -50,7 +51,7 @@ def cluster():
             lab["pristine"] = environment_files(lab["by_name"]["mi210-a"])
             yield lab
         finally:
-            run_lab_command("down", lab_dir=lab_dir, check=False)
+            in_background.submit(run_lab_command, "down", lab_dir=lab_dir, check=False)
 
 
 def limited_to(names: list[str]) -> list[str]:
@@ -62,6 +63,12 @@ def venv(lab_host: dict) -> Path:
     return Path(lab_host["binds"]["/opt/venv"])
 
 
+# sha256 by (device, inode, size, mtime, ctime): the environments are hard-linked copies of their kinds' templates
+# (the shared one and the reference one of the same), and a run changes few of their files, so each of the
+# module's dozen reads (1.8 GB each) hashes only what no earlier read has seen; a write changes a file's ctime.
+_digests: dict[tuple[int, ...], str] = {}
+
+
 def environment_files(lab_host: dict) -> dict[str, str]:
     """sha256 of every file of the host's environment, the tool's own directory (.cdna2) and bytecode left out."""
     root = venv(lab_host)
@@ -70,8 +77,13 @@ def environment_files(lab_host: dict) -> dict[str, str]:
         directories[:] = [d for d in directories if d not in (".cdna2", "__pycache__")]
         for name in names:
             path = Path(top) / name
-            if path.is_file() and not path.is_symlink():
-                files[str(path.relative_to(root))] = file_sha256(path)
+            status = path.lstat()
+            if not stat.S_ISREG(status.st_mode):
+                continue
+            key = (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+            if key not in _digests:
+                _digests[key] = file_sha256(path)
+            files[str(path.relative_to(root))] = _digests[key]
     return files
 
 

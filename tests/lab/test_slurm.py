@@ -2,7 +2,8 @@
 steps (the @slurm connector), no SSH at all (each node's sshd is stopped before the first run).
 
 The lab is four MI210 hosts sharing one Python environment (``./lab/up 4 --shared 4 --slurm``: Debian's slurmctld
-and a slurmd in each host's namespaces, lab/slurm.py), shared by the tests of this module and stopped at the end.
+and a slurmd in each host's namespaces, lab/slurm.py), brought up as the session's lab tests start (early_labs in
+tests/lab/conftest.py), shared by the tests of this module and stopped at its end.
 The tests run in file order: the last one kills a node's slurmd for good.
 """
 
@@ -20,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from cdna2.host.digests import tree_digest
-from lab import kinds, slurm, wheelhouse
+from lab import kinds, slurm
 from lab.labstate import LabPaths
 from lab.processes import wait_gone
-from tests.lab.conftest import run_lab_command
+from tests.lab.conftest import early_lab, run_lab_command
 from tests.lab.deploy_runner import (PYINFRA, REPO, data_args, run_in_allocation, site_packages,
                                      slurm_environment)
 
@@ -35,25 +36,32 @@ WRITER = NODES[0]
 TIME_LIMIT_JOB = "cdna2-test-time-limit"
 
 
+@early_lab("slurm_lab", "slurm")
+def _slurm_lab_up(lab_dir: Path) -> dict:
+    run_lab_command("up", str(len(NODES)), "--shared", str(len(NODES)), "--slurm", "--subnet", SUBNET,
+                    lab_dir=lab_dir)
+    lab = json.loads((lab_dir / "lab.json").read_text())
+    for host in lab["hosts"]:  # Slurm alone from here: the namespaces stay, held by each host's slurmd
+        os.kill(host["pid"], signal.SIGTERM)
+        assert wait_gone(host["pid"], 10), f"{host['name']}: sshd pid {host['pid']} still running"
+    lab["paths"] = LabPaths(lab_dir)
+    lab["time_limit_run"] = _start_time_limit_run(lab)
+    return lab
+
+
 @pytest.fixture(scope="module")
-def slurm_lab() -> dict:
-    lab_dir = wheelhouse.cache_root() / "scratch-labs" / f"slurm-{uuid.uuid4().hex[:12]}"
+def slurm_lab(early_labs: dict, in_background) -> dict:
+    lab_dir, bring_up = early_labs["slurm_lab"]
     time_limit_run = None
     try:
-        run_lab_command("up", str(len(NODES)), "--shared", str(len(NODES)), "--slurm", "--subnet", SUBNET,
-                        lab_dir=lab_dir)
-        lab = json.loads((lab_dir / "lab.json").read_text())
-        for host in lab["hosts"]:  # Slurm alone from here: the namespaces stay, held by each host's slurmd
-            os.kill(host["pid"], signal.SIGTERM)
-            assert wait_gone(host["pid"], 10), f"{host['name']}: sshd pid {host['pid']} still running"
-        lab["paths"] = LabPaths(lab_dir)
-        lab["time_limit_run"] = time_limit_run = _start_time_limit_run(lab)
+        lab = bring_up.result()
+        time_limit_run = lab["time_limit_run"]
         yield lab
     finally:
         if time_limit_run is not None and time_limit_run[0].poll() is None:  # the test did not run to read it
             time_limit_run[0].kill()
             time_limit_run[0].wait()
-        run_lab_command("down", lab_dir=lab_dir, check=False)
+        in_background.submit(run_lab_command, "down", lab_dir=lab_dir, check=False)
 
 
 def environment_snapshot(lab: dict) -> dict[str, str]:
@@ -65,7 +73,7 @@ def environment_snapshot(lab: dict) -> dict[str, str]:
 
 def _start_time_limit_run(lab: dict) -> tuple[subprocess.Popen, str]:
     """A command over the @slurm connector that outlives its allocation's time limit (1 minute, Slurm's least;
-    slurmctld enforces it on its next periodic check, so 60 to 90 s): started with the module, so that the wait
+    slurmctld enforces it on its next periodic check, so 60 to 90 s): started with the lab, so that the wait
     overlaps the other tests; test_a_step_past_its_time_limit reads its outcome."""
     environment = slurm.client_environment(lab["paths"])
     granted = subprocess.run(["salloc", "--no-shell", "-N1", "-w", NODES[1], "-t", "1", "-J", TIME_LIMIT_JOB],

@@ -6,8 +6,8 @@ is listed before and after, and the differences must all lie there. Where the us
 must (a directory of root's in the environment, a read-only environment), the host fails in preflight, naming
 the path and why, before anything on it changes.
 
-The lab is one MI210 host of its own (a scratch subnet, under the cache's scratch-labs/); ``./lab/down`` removes
-its login user again.
+The lab is one MI210 host of its own (a scratch subnet, under the cache's scratch-labs/), brought up as the
+session's lab tests start (tests/lab/conftest.py: early_labs); ``./lab/down`` removes its login user again.
 """
 
 from __future__ import annotations
@@ -19,15 +19,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import one_host_lab, run_lab_command
+from tests.lab.conftest import early_lab, one_host_lab, run_lab_command, up_one_host
 from tests.lab.deploy_runner import assert_redeploy_verify_rollback, host_snapshot, run_pyinfra, site_packages, ssh
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 
+@early_lab("user_lab", "user")
+def _user_lab_up(lab_dir: Path) -> dict:
+    return up_one_host(lab_dir, "--login", "user")
+
+
 @pytest.fixture()
-def user_lab(monkeypatch: pytest.MonkeyPatch):
-    with one_host_lab("user", "--login", "user", monkeypatch=monkeypatch) as lab:
+def user_lab(monkeypatch: pytest.MonkeyPatch, early_labs: dict):
+    with one_host_lab("user", monkeypatch=monkeypatch, early=early_labs["user_lab"]) as lab:
         yield lab
 
 
