@@ -154,12 +154,13 @@ def benchmarked_inside_image(bench: BenchReport, report: RunReport, image: str, 
     + expect_triton: the triton version the image with its layer must have
 
     Correctness first:
-        a layer is read-only, so no smoke pass can be recorded on the node: the smoke test, GPU checks included,
-        runs inside the runtime first in the same run, and the cases run only when it passes. A node that is not
-        gfx90a runs nothing; with the GPU checks off (a stand-in GPU) the smoke test runs and every case is skipped,
-        saying so. No runtime, no layer record, an image or layer whose SHA-256 differs from the record (hashed
-        on one node per distinct file, its identity checked on every node before each launch), or a smoke test that fails: the node fails by name, nothing is timed. Never changes the
-        node. During ``--dry`` nothing runs.
+        a layer is read-only, so no smoke pass can be recorded on the node: the smoke test, GPU checks included, runs
+        inside the runtime first in the same run, and the cases run only when it passes. A node that is not
+        gfx90a runs nothing; with the GPU checks off (a stand-in GPU) the smoke test runs and every case is
+        skipped, saying so. No runtime, no layer record, an image or layer whose SHA-256 differs from the record
+        (hashed on one node per distinct file, its identity checked on every node before each launch), or a
+        smoke test that fails: the node fails by name, nothing is timed. Never changes the node. During
+        ``--dry`` nothing runs.
 
     **Example:**
 

@@ -43,12 +43,12 @@ def patched_package(plan: PackagePlan, site_packages: str, target_python: str, s
     + state_dir: the tool's state directory on the host (backups of the originals, staging)
 
     Transaction:
-        every new file is uploaded beside its target (or, for a file in a directory the package lacks, in the
-        deepest directory it has), then ``cdna2.host.txn apply`` checks every current and staged hash, and that
-        each directory to create is absent, before changing anything; it records and creates those directories,
-        keeps the pristine originals for rollback and journals the renames, so an interrupted run leaves the
-        package either pristine or fully patched (rollback removes the directories again, each only if empty). JIT modules and build
-        directories built from the changed inputs are removed afterwards (``cdna2.host.jit``).
+        every new file is uploaded beside its target (or, for a file in a directory the package lacks, in the deepest
+        directory it has), then ``cdna2.host.txn apply`` checks every current and staged hash, and that each
+        directory to create is absent, before changing anything; it records and creates those directories, keeps
+        the pristine originals for rollback and journals the renames, so an interrupted run leaves the package
+        either pristine or fully patched (rollback removes the directories again, each only if empty). JIT
+        modules and build directories built from the changed inputs are removed afterwards (``cdna2.host.jit``).
 
     Dry run:
         the unified diff of every file is logged on the first pass (all of ``--dry``).

@@ -12,10 +12,10 @@ parent) before the renames, and ``revert``, after removing the files, removes th
 empty (one holding a file of someone else's is left, and the result says so).
 
 Backup directory layout: ``state.json`` (package, its version, root, per file the original and patched sha256, the
-JIT outputs to invalidate, the directories created in creation order), ``originals/<path>`` (pristine copies), ``journal.json`` (only while renames are in
-flight), ``lock`` (removed with the directory once nothing else is in it). Backups belong to one installed version:
-when the package has been reinstalled at another version since, ``apply`` starts new ones and ``revert`` finds
-nothing of ours left to restore; both drop the old backups.
+JIT outputs to invalidate, the directories created in creation order), ``originals/<path>`` (pristine copies),
+``journal.json`` (only while renames are in flight), ``lock`` (removed with the directory once nothing else is in
+it). Backups belong to one installed version: when the package has been reinstalled at another version since,
+``apply`` starts new ones and ``revert`` finds nothing of ours left to restore; both drop the old backups.
 
 Prints one JSON object on stdout; exit 0 when done, 1 when refused or failed (nothing changed unless it says so).
 """
@@ -335,7 +335,8 @@ def apply(manifest: dict) -> dict:
             target = _inside(root, change["path"])
             os.chmod(change["staged"], target.stat().st_mode & 0o7777 if target.exists() else 0o644)
         _commit(backup_dir, {"kind": "apply", "package": manifest["package"], "root": str(root),
-                             "directories": directories, "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
+                             "directories": directories,
+                             "entries": [{"path": c["path"], "staged": c["staged"], "old_sha256": c["expected_sha256"],
                                           "new_sha256": c["new_sha256"]} for c in changes]})
     return {"ok": True, "action": "apply", "package": manifest["package"],
             "changed": [change["path"] for change in changes], "created_directories": directories,

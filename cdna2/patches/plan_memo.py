@@ -2,13 +2,13 @@
 
 A plan (code matching by tokenize, the audit) costs about 0.3 CPU-s per package and version; the hosts of a cluster
 mostly hold the same files, and a no-op re-run holds the same files as the last run. ``plan_package_once`` plans
-each distinct input once per process, and keeps the plans that write nothing (``patched``, ``refused``,
-``no-set``: every re-run's) in ``$CDNA2_CACHE/patch-plans/``, keyed by everything a plan depends on: the catalog's
-bytes, the planner's code and the Python running it, the package, its version, the hash of every target file, the
-RECORD (or git) hashes, the optional sets, the checkout and the absent directories. A lost or unreadable entry costs one plan, never a
-wrong one. Plans that write something are not kept: they carry the new bytes, and the next run finds the files
-patched. The directory keeps the PLANS_KEPT plans used last (a plan read back is marked used), so a cluster that
-upgrades often does not grow it without end.
+each distinct input once per process, and keeps the plans that write nothing (``patched``, ``refused``, ``no-set``:
+every re-run's) in ``$CDNA2_CACHE/patch-plans/``, keyed by everything a plan depends on: the catalog's bytes, the
+planner's code and the Python running it, the package, its version, the hash of every target file, the RECORD (or
+git) hashes, the optional sets, the checkout and the absent directories. A lost or unreadable entry costs one plan,
+never a wrong one. Plans that write something are not kept: they carry the new bytes, and the next run finds the
+files patched. The directory keeps the PLANS_KEPT plans used last (a plan read back is marked used), so a cluster
+that upgrades often does not grow it without end.
 """
 
 from __future__ import annotations

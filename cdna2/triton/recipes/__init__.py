@@ -1,10 +1,10 @@
 """How AITER launches each op's Triton kernel from one config: the kernel, and the arguments its wrapper passes.
 
-A recipe turns one config of a config file (and its dotted key in that file) into the compiles that prove it: one per code path AITER's wrapper and
-heuristics can take with that config (``EVEN_K`` true and false, causal or not, head dims with a positional part,
-dropout, fp32), each as a worker request (``cdna2.triton.worker``). The wrapper's own arithmetic on the config
-(split-K sizes) is repeated here, read from the AITER source; arguments a release's kernel does not take are
-dropped by the worker, so one recipe serves the releases whose kernels differ by a flag.
+A recipe turns one config of a config file (and its dotted key in that file) into the compiles that prove it: one
+per code path AITER's wrapper and heuristics can take with that config (``EVEN_K`` true and false, causal or not,
+head dims with a positional part, dropout, fp32), each as a worker request (``cdna2.triton.worker``). The wrapper's
+own arithmetic on the config (split-K sizes) is repeated here, read from the AITER source; arguments a release's
+kernel does not take are dropped by the worker, so one recipe serves the releases whose kernels differ by a flag.
 """
 
 from __future__ import annotations
