@@ -11,6 +11,7 @@ import pytest
 
 from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.triton import proof
+from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.recipes import delta_attention
 from cdna2.triton.toolchain import triton_python
 from releases import coverage
