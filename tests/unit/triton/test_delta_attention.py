@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from cdna2.patches.catalog import PACKAGE_DIR
 from cdna2.triton import proof
 from cdna2.triton.cli import DEFAULT_TRITON
 from cdna2.triton.recipes import delta_attention
