@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdna2.cache import cache_root, code_digest
-from cdna2.host import checkouts, digests, txn, window_proof
+from cdna2.host import checkouts, digests, distributions, txn, window_proof
 from cdna2.host.state import write_file_atomically
 from cdna2.host.window_proof import CHECK as WINDOW_CHECK, FORMAT as WINDOW_FORMAT
 from cdna2.patches import audit, catalog as catalog_module, cli, matching, planner
@@ -453,16 +453,16 @@ def releases(catalog: Catalog | None = None) -> tuple[str, ...]:
 
 def _evaluation_inputs(catalog: Catalog, python: Path) -> list[str] | None:
     """What every release's evaluation (patching and the runner's answers, not the verdict) depends on beside its own
-    wheel: the catalog's bytes, the code that patches and evaluates (this module, the patch engine, the
-    sliding-window record's format, everything under releases/vllm_gates: runner, doubles, model configs), the
-    torch-CPU venv (its path names its requirements) and the Python running the engine. None for a catalog built in
-    code (no digest): never kept."""
+    wheel: the catalog's bytes, the code that patches and evaluates (this module, the patch engine and the
+    directories its transactions create, the sliding-window record's format, everything under releases/vllm_gates:
+    runner, doubles, model configs), the torch-CPU venv (its path names its requirements) and the Python running the
+    engine. None for a catalog built in code (no digest): never kept."""
     if not catalog.digest:
         return None
     runner_files = sorted(path for path in RUNNER.parent.rglob("*")
                           if path.is_file() and "__pycache__" not in path.parts)
     code = code_digest((sys.modules[__name__], planner, matching, audit, catalog_module, cli, txn, checkouts, digests,
-                        wheelhouse, window_proof))
+                        distributions, wheelhouse, window_proof))
     evaluator = hashlib.sha256(b"".join(str(path.relative_to(RUNNER.parent)).encode() + b"\0" + path.read_bytes()
                                         for path in runner_files)).hexdigest()
     return [catalog.digest, code, evaluator, str(python), sys.version]
